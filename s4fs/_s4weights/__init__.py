@@ -1,0 +1,1 @@
+from s4fs import *  # noqa

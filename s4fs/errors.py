@@ -1,0 +1,108 @@
+"""The one error hierarchy of s4fs.
+
+Every error s4fs raises on purpose derives from :class:`S4Error`, carries the errno the
+FUSE layer reports for it, and also inherits the builtin exception a Python caller would
+expect (``NotFound`` is a ``FileNotFoundError``). The mount maps errors to errno in one
+place (``s4fs.mount``) by reading ``.errno`` — nothing else in s4fs knows about FUSE.
+
+This module imports nothing from s4fs, so every layer (codec included) may use it.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class S4Error(Exception):
+    """Base class of every s4fs error. ``errno`` is what a FUSE caller sees."""
+
+    errno: int = _errno.EIO
+
+    def __init__(self, message: str, *args: object) -> None:
+        super().__init__(message, *args)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- codec -------------------------------------------------------------------------
+
+class CodecError(S4Error, ValueError):
+    """A blob could not be encoded or decoded."""
+
+
+class FormatError(CodecError):
+    """The bytes are not an s4fs blob (wrong magic, truncated, inconsistent header)."""
+
+
+class UnsupportedVersionError(CodecError):
+    """The blob was written by a newer s4fs (or a codec this build does not know)."""
+
+
+class ChecksumError(CodecError):
+    """Decoded bytes do not match the checksum recorded when they were written."""
+
+
+class BaseMismatchError(CodecError):
+    """A delta blob was decoded against a base other than the one it was written with."""
+
+
+class CodecUnavailableError(CodecError):
+    """The codec a blob needs is not available on this machine (no CUDA, no nvCOMP)."""
+
+    errno = _errno.EOPNOTSUPP
+
+
+# --- core and stores ---------------------------------------------------------------
+
+class NotFound(S4Error, FileNotFoundError):
+    errno = _errno.ENOENT
+
+
+class AlreadyExists(S4Error, FileExistsError):
+    errno = _errno.EEXIST
+
+
+class NotADirectory(S4Error, NotADirectoryError):
+    errno = _errno.ENOTDIR
+
+
+class IsADirectory(S4Error, IsADirectoryError):
+    errno = _errno.EISDIR
+
+
+class DirectoryNotEmpty(S4Error, OSError):
+    errno = _errno.ENOTEMPTY
+
+
+class PermissionDenied(S4Error, PermissionError):
+    errno = _errno.EACCES
+
+
+class InvalidArgument(S4Error, ValueError):
+    errno = _errno.EINVAL
+
+
+class Busy(S4Error, OSError):
+    """A resource is in use, or a remote store kept throttling after every retry."""
+
+    errno = _errno.EBUSY
+
+
+class StoreUnavailable(S4Error, ConnectionError):
+    """The store could not be reached after every retry."""
+
+    errno = _errno.EIO
+
+
+class StoreError(S4Error, OSError):
+    """Any other store failure; the message carries the store's code and request id."""
+
+    errno = _errno.EIO
+
+
+class CorruptManifest(S4Error, ValueError):
+    """A manifest could not be parsed or was written by an unknown format version."""
+
+    errno = _errno.EIO

@@ -1,0 +1,77 @@
+"""The Store contract: a flat key → bytes object store.
+
+Keys are ``/``-separated strings of printable characters with no empty, ``.`` or ``..``
+components and no leading ``/``. A store holds immutable objects; ``put`` replaces an
+object atomically (a reader sees the old bytes or the new ones, never a mix).
+
+Missing keys: ``get`` and ``head`` raise :class:`s4fs.errors.NotFound`; ``delete`` of a
+missing key is not an error (deletes are idempotent); ``list`` of a prefix with nothing
+under it yields nothing.
+
+Every other failure is raised as an :class:`s4fs.errors.S4Error` subclass, translated at
+the store's edge (``StoreError``, ``StoreUnavailable``, ``Busy``, ``PermissionDenied``).
+Stores are safe to call from several threads at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+from s4fs.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime: float          # seconds since the epoch of the last put
+
+
+class Store(ABC):
+    """Small ABC every backend implements (see the module docstring for the contract)."""
+
+    #: a URL that names this store (``file:///...``, ``s3://bucket/prefix``)
+    url: str
+
+    @abstractmethod
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes of ``key``; with ``start``/``end`` the half-open range [start, end)
+        (clipped at the object's end). Raises NotFound when the key is missing."""
+
+    @abstractmethod
+    def put(self, key: str, data) -> None:
+        """Store ``data`` (bytes-like) under ``key`` atomically, replacing any object."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in key order."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size and mtime of ``key``; raises NotFound when missing."""
+
+    def exists(self, key: str) -> bool:
+        from s4fs.errors import NotFound
+        try:
+            self.head(key)
+            return True
+        except NotFound:
+            return False
+
+    def close(self) -> None:
+        """Release connections and threads (optional)."""
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not key or key.startswith("/") or "\x00" in key:
+        raise InvalidArgument(f"invalid store key {key!r}")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
+        raise InvalidArgument(f"invalid store key {key!r}: empty, '.' or '..' component")
+    return key
