@@ -1,1 +1,11 @@
-from s4fs import *  # noqa
+"""``import s4weights`` — the s4fs Python API under the name older code uses."""
+
+from s4fs import __getattr__ as _get
+
+save = _get("save")
+load = _get("load")
+open = _get("open")  # noqa: A001
+
+
+def __getattr__(name):
+    return _get(name)

@@ -1,0 +1,180 @@
+"""The Python API: save / load / open files kept in an s4fs store.
+
+A path names a file in a store: a local path or ``file://`` URL inside a store root
+(a folder holding ``s4fs-store.json``; a new store is created in the file's folder when
+none is found above it), or ``s3://bucket/prefix/...`` the same way.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from urllib.parse import unquote, urlparse
+
+from s4fs import keys
+from s4fs.errors import InvalidArgument
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.stores import LocalStore, open_store
+
+_lock = threading.Lock()
+_open: dict[str, Filesystem] = {}
+
+
+def filesystem(store_url: str, cfg: FsConfig | None = None) -> Filesystem:
+    """A (cached) Filesystem for a store URL."""
+    with _lock:
+        fs = _open.get(store_url)
+        if fs is None:
+            fs = _open[store_url] = Filesystem(open_store(store_url), cfg)
+        return fs
+
+
+def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:
+    """Split a path or URL into (filesystem of its store, path inside the store)."""
+    path = os.fspath(path)
+    if path.startswith("s3://"):
+        return _resolve_s3(path, create)
+    if path.startswith("file://"):
+        path = unquote(urlparse(path).path)
+    full = os.path.abspath(path)
+    d = os.path.dirname(full)
+    while True:
+        if os.path.isdir(d) and LocalStore(d).exists(keys.ROOT_MARKER):
+            return filesystem(d), os.path.relpath(full, d).replace(os.sep, "/")
+        up = os.path.dirname(d)
+        if up == d:
+            break
+        d = up
+    if not create:
+        raise InvalidArgument(
+            f"{path} is not inside an s4fs store (no {keys.ROOT_MARKER} in any parent "
+            f"folder); save a file there first or run 's4fs init DIR'")
+    root = os.path.dirname(full)
+    return filesystem(root), os.path.basename(full)
+
+
+def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:
+    rest = url[len("s3://"):]
+    bucket, _, key = rest.partition("/")
+    parts = key.split("/")
+    for cut in range(len(parts) - 1, -1, -1):
+        prefix = "/".join(parts[:cut])
+        store_url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        store = open_store(store_url)
+        if store.exists(keys.ROOT_MARKER):
+            return filesystem(store_url), "/".join(parts[cut:])
+    if not create:
+        raise InvalidArgument(f"{url} is not inside an s4fs store")
+    prefix = "/".join(parts[:-1])
+    store_url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    return filesystem(store_url), parts[-1]
+
+
+class _WriteStream(io.RawIOBase):
+    def __init__(self, handle) -> None:
+        self._h = handle
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self._h.write(self._pos, b)
+        self._pos += n
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class _ReadStream(io.RawIOBase):
+    def __init__(self, handle, name: str) -> None:
+        self._h = handle
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self._h.read(self._pos, len(b))
+        n = len(data)
+        b[:n] = data
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 0:
+            self._pos = offset
+        elif whence == 1:
+            self._pos += offset
+        else:
+            self._pos = self._h.size + offset
+        if self._pos < 0:
+            raise ValueError("negative seek position")
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._h.release()
+        super().close()
+
+
+def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
+    """A read-only, seekable binary file object over a stored file."""
+    if mode not in ("rb", "r"):
+        raise InvalidArgument("s4fs.open is read-only: use mode 'rb' (write with s4fs.save)")
+    fs, rel = resolve(path)
+    return io.BufferedReader(_ReadStream(fs.open_read(rel), str(path)), buffering)
+
+
+def save(obj, path, **torch_save_kwargs) -> None:
+    """``torch.save(obj)`` into the store: tensor-aware, compressed, atomic."""
+    import torch
+    from s4fs import metrics_shim as metrics
+    fs, rel = resolve(path, create=True)
+    t0 = time.perf_counter()
+    h = fs.open_write(rel, truncate=True)
+    try:
+        w = io.BufferedWriter(_WriteStream(h), 4 << 20)
+        torch.save(obj, w, **torch_save_kwargs)
+        w.flush()
+        h.flush()
+    except BaseException:
+        h.abort()
+        raise
+    h.release()
+    a = fs.stat(rel)
+    metrics.observe_save(rel, a.size, a.stored, time.perf_counter() - t0)
+
+
+def write_bytes(path, data) -> None:
+    """Store raw bytes (any file) at ``path``."""
+    fs, rel = resolve(path, create=True)
+    h = fs.open_write(rel, truncate=True)
+    try:
+        h.write(0, data)
+        h.flush()
+    except BaseException:
+        h.abort()
+        raise
+    h.release()
+
+
+def read_bytes(path) -> bytes:
+    with open(path) as f:
+        return f.read()
+
+
+def load(path, **torch_load_kwargs):
+    """``torch.load`` of a stored file; the bytes torch sees are the exact bytes saved."""
+    import torch
+    with open(path) as f:
+        return torch.load(f, **torch_load_kwargs)

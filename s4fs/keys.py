@@ -1,0 +1,52 @@
+"""Where things live inside a store (one s4fs namespace per store root).
+
+* ``s4fs-store.json`` — marks a store root (format version).
+* ``files/<path>``    — the manifest of each file; listing a prefix is ``ls``.
+* ``dirs/<path>``     — a marker for each directory made with mkdir (or by a save).
+* ``packs/<id>``      — packs of compressed chunks, written once, never changed;
+                        reclaimed by the garbage collector only.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+
+from s4fs.errors import InvalidArgument
+
+ROOT_MARKER = "s4fs-store.json"
+FILES = "files/"
+DIRS = "dirs/"
+PACKS = "packs/"
+
+
+def norm(path: str) -> str:
+    """Normalise a path inside the namespace: ``"a/b"``, root is ``""``."""
+    if "\x00" in path:
+        raise InvalidArgument("path contains a NUL byte")
+    p = posixpath.normpath("/" + path).lstrip("/")
+    if p in (".", ""):
+        return ""
+    if any(part == ".." for part in p.split("/")):
+        raise InvalidArgument(f"path {path!r} leaves the store")
+    return p
+
+
+def file_key(path: str) -> str:
+    return FILES + path
+
+
+def dir_key(path: str) -> str:
+    return DIRS + path
+
+
+def new_pack_key() -> str:
+    return PACKS + uuid.uuid4().hex
+
+
+def parent(path: str) -> str:
+    return posixpath.dirname(path)
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path)
