@@ -7,6 +7,7 @@ none is found above it), or ``s3://bucket/prefix/...`` the same way.
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import threading
@@ -18,6 +19,7 @@ from s4fs.errors import InvalidArgument
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.stores import LocalStore, open_store
 
+builtins_open = builtins.open
 _lock = threading.Lock()
 _open: dict[str, Filesystem] = {}
 
@@ -39,10 +41,14 @@ def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:
     if path.startswith("file://"):
         path = unquote(urlparse(path).path)
     full = os.path.abspath(path)
-    d = os.path.dirname(full)
+    mounted = _through_mount(full)
+    if mounted is not None:
+        return mounted
+    d = full
     while True:
         if os.path.isdir(d) and LocalStore(d).exists(keys.ROOT_MARKER):
-            return filesystem(d), os.path.relpath(full, d).replace(os.sep, "/")
+            rel = os.path.relpath(full, d).replace(os.sep, "/")
+            return filesystem(d), "" if rel == "." else rel
         up = os.path.dirname(d)
         if up == d:
             break
@@ -53,6 +59,29 @@ def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:
             f"folder); save a file there first or run 's4fs init DIR'")
     root = os.path.dirname(full)
     return filesystem(root), os.path.basename(full)
+
+
+def _through_mount(full: str):
+    """A path under an s4fs mount of this machine maps to the mount's store."""
+    try:
+        with builtins_open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3 or parts[2] != "fuse.s4fs":
+            continue
+        source = parts[0].replace("\\040", " ")
+        point = parts[1].replace("\\040", " ")
+        if full == point or full.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) > len(best[1]):
+                best = (source, point)
+    if best is None:
+        return None
+    rel = os.path.relpath(full, best[1]).replace(os.sep, "/")
+    return filesystem(best[0]), "" if rel == "." else rel
 
 
 def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:

@@ -1,10 +1,22 @@
-"""The ``s4fs`` command line. It builds a config and calls the Python API; subcommands
-owned by other modules (``selftest``, ``runner``) get the rest of the arguments."""
+"""The ``s4fs`` command line. It builds a config and calls the Python API / core.
+
+    s4fs mount STORE MOUNTPOINT [--foreground] [--allow-other] [--cache-dir D]
+    s4fs umount MOUNTPOINT
+    s4fs ls PATH            s4fs stat PATH [--json]      s4fs verify PATH...
+    s4fs gc STORE [--dry-run] [--grace SECONDS]          s4fs export PATH DEST
+    s4fs init DIR           s4fs selftest [--device D]   s4fs runner [--config F]
+
+PATH is a file or folder in a store (a path under a local store root, ``file://`` or
+``s3://`` URL) or under a mounted s4fs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import logging
+import os
 import sys
 
 # subcommand -> module whose main(argv) -> int handles it
@@ -13,22 +25,282 @@ _DELEGATED = {
     "runner": "s4fs.service.runner",
 }
 
+_GENERIC_MOUNT_OPTS = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users",
+                       "_netdev", "nofail", "dev", "nodev", "suid", "nosuid", "exec",
+                       "noexec", "atime", "noatime", "relatime"}
+
+
+def _fs_config(args):
+    from s4fs.fs import FsConfig
+    from s4fs.ingest import IngestConfig
+    return FsConfig(ingest=IngestConfig(device=getattr(args, "device", "auto") or "auto"),
+                    cache_dir=getattr(args, "cache_dir", None))
+
+
+def cmd_mount(args) -> int:
+    mountpoint = os.path.abspath(args.mountpoint)
+    if not args.foreground:
+        from s4fs.mount import run_daemon
+        argv = ["mount", args.store, mountpoint]
+        if args.allow_other:
+            argv.append("--allow-other")
+        if args.cache_dir:
+            argv += ["--cache-dir", args.cache_dir]
+        if args.device:
+            argv += ["--device", args.device]
+        if args.verbose:
+            argv.append("-v")
+        return run_daemon(argv, mountpoint)
+    from s4fs.fs import Filesystem
+    from s4fs.mount import mount_foreground
+    from s4fs.stores import open_store
+    if args.cache_dir:
+        os.makedirs(args.cache_dir, exist_ok=True)
+    fs = Filesystem(open_store(args.store), _fs_config(args))
+    mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd)
+    return 0
+
+
+def cmd_umount(args) -> int:
+    from s4fs.mount import unmount
+    unmount(os.path.abspath(args.mountpoint), lazy=args.lazy)
+    return 0
+
+
+def cmd_init(args) -> int:
+    from s4fs.api import filesystem
+    filesystem(args.store)
+    print(f"s4fs store ready at {args.store}")
+    return 0
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_ls(args) -> int:
+    from s4fs.api import resolve
+    fs, rel = resolve(args.path)
+    a = fs.stat(rel)
+    entries = [a] if not a.is_dir else [fs.stat(f"{rel}/{n}" if rel else n)
+                                         for n in fs.listdir(rel)]
+    for e in entries:
+        if e.is_dir:
+            print(f"{'dir':>10} {'':>10} {'':>7}  {e.name}/")
+        else:
+            ratio = f"{100 * e.stored / e.size:.1f}%" if e.size else "-"
+            print(f"{_human(e.size):>10} {_human(e.stored):>10} {ratio:>7}  {e.name}")
+    return 0
+
+
+def file_report(fs, rel: str) -> dict:
+    """What `s4fs stat` shows: sizes, ratio, delta base and chain, per tensor."""
+    m = fs.manifest(rel, fresh=True)
+    own = set(m.own_packs)
+    tensors = []
+    delta_bytes = full_bytes = reused = 0
+    depth = 0
+    for s in m.streams:
+        stored = sum(c.stored for c in s.chunks if c.pack in own)
+        for c in s.chunks:
+            if c.pack not in own:
+                reused += c.raw
+            elif c.base is not None:
+                delta_bytes += c.stored
+            else:
+                full_bytes += c.stored
+            depth = max(depth, c.depth + (0 if c.pack in own else 1) if c.base or c.pack not in own else 0)
+        if s.kind == "tensor":
+            tensors.append({"name": m.names.get(s.name, s.name), "record": s.name,
+                            "dtype": s.dtype, "logical": s.length, "stored": stored})
+    stored = m.stored_bytes()
+    return {"path": rel, "logical": m.size, "stored": stored,
+            "ratio": stored / m.size if m.size else 0.0, "kind": m.kind,
+            "base": (m.base or {}).get("path"), "chain_depth": depth,
+            "stored_delta": delta_bytes, "stored_full": full_bytes,
+            "unchanged_bytes": reused, "tensors": tensors, "xxh128": m.xxh128}
+
+
+def cmd_stat(args) -> int:
+    from s4fs.api import resolve
+    fs, rel = resolve(args.path)
+    r = file_report(fs, rel)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{r['path']}: {r['kind']}, {r['logical']} bytes logical, {r['stored']} stored "
+          f"({100 * r['ratio']:.1f}%)")
+    print(f"  delta base: {r['base'] or '-'}   chain depth: {r['chain_depth']}   "
+          f"stored as delta: {r['stored_delta']}   full: {r['stored_full']}   "
+          f"unchanged (reused): {r['unchanged_bytes']}")
+    if r["tensors"]:
+        print(f"  {'tensor':<60} {'dtype':<14} {'logical':>12} {'stored':>12} {'%':>6}")
+        for t in r["tensors"]:
+            pct = 100 * t["stored"] / t["logical"] if t["logical"] else 0
+            print(f"  {t['name'][:60]:<60} {t['dtype']:<14} {t['logical']:>12} "
+                  f"{t['stored']:>12} {pct:>6.1f}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    import xxhash
+    from s4fs.api import resolve
+    bad = 0
+    for p in args.paths:
+        fs, rel = resolve(p)
+        targets = [rel]
+        if fs.stat(rel).is_dir:
+            targets = _walk(fs, rel)
+        for t in targets:
+            try:
+                m = fs.manifest(t, fresh=True)
+                h = xxhash.xxh3_128()
+                r = fs.open_read(t)
+                pos = 0
+                while pos < m.size:
+                    data = r.read(pos, 16 << 20)
+                    h.update(data)
+                    pos += len(data)
+                ok = h.hexdigest() == m.xxh128
+            except Exception as exc:  # report every file, then fail
+                ok = False
+                print(f"FAIL {t}: {exc}")
+            else:
+                print(f"{'ok  ' if ok else 'FAIL'} {t}")
+            bad += not ok
+    return 1 if bad else 0
+
+
+def _walk(fs, rel: str) -> list[str]:
+    out = []
+    for n in fs.listdir(rel):
+        p = f"{rel}/{n}" if rel else n
+        if fs.stat(p).is_dir:
+            out += _walk(fs, p)
+        else:
+            out.append(p)
+    return out
+
+
+def cmd_export(args) -> int:
+    import shutil
+    from s4fs.api import open as s4open
+    with s4open(args.path) as src, open(args.dest, "wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
+    return 0
+
+
+def cmd_gc(args) -> int:
+    from s4fs.api import filesystem
+    from s4fs.gc import collect
+    fs = filesystem(args.store)
+    report = collect(fs.store, grace=args.grace, dry_run=args.dry_run)
+    verb = "would free" if args.dry_run else "freed"
+    for key, size in report.freed:
+        print(f"{verb} {key} ({size} bytes)")
+    print(f"{verb} {len(report.freed)} packs, {report.freed_bytes} bytes; kept "
+          f"{report.kept} packs referenced by {report.manifests} files; "
+          f"{report.young} unreferenced packs younger than the grace period")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="s4fs", description="lossless checkpoint filesystem")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("mount", help="mount a store")
+    m.add_argument("store")
+    m.add_argument("mountpoint")
+    m.add_argument("--foreground", "-f", action="store_true")
+    m.add_argument("--allow-other", action="store_true")
+    m.add_argument("--cache-dir")
+    m.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    m.add_argument("-v", "--verbose", action="store_true")
+    m.set_defaults(fn=cmd_mount)
+    u = sub.add_parser("umount", help="unmount")
+    u.add_argument("mountpoint")
+    u.add_argument("--lazy", "-z", action="store_true")
+    u.set_defaults(fn=cmd_umount)
+    i = sub.add_parser("init", help="create a store")
+    i.add_argument("store")
+    i.set_defaults(fn=cmd_init)
+    ls = sub.add_parser("ls", help="list files with logical and stored sizes")
+    ls.add_argument("path")
+    ls.set_defaults(fn=cmd_ls)
+    s = sub.add_parser("stat", help="sizes, ratio, delta chain and tensors of a file")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_stat)
+    v = sub.add_parser("verify", help="re-read files and check their whole-file hash")
+    v.add_argument("paths", nargs="+")
+    v.set_defaults(fn=cmd_verify)
+    e = sub.add_parser("export", help="copy a stored file out, byte-exact")
+    e.add_argument("path")
+    e.add_argument("dest")
+    e.set_defaults(fn=cmd_export)
+    g = sub.add_parser("gc", help="free packs no file references")
+    g.add_argument("store")
+    g.add_argument("--dry-run", action="store_true")
+    g.add_argument("--grace", type=float, default=6 * 3600,
+                   help="keep unreferenced packs younger than this many seconds")
+    g.set_defaults(fn=cmd_gc)
+    return p
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in _DELEGATED:
         mod = importlib.import_module(_DELEGATED[argv[0]])
         return int(mod.main(argv[1:]) or 0)
-    parser = argparse.ArgumentParser(prog="s4fs", description=__doc__)
-    parser.add_subparsers(dest="cmd")
-    args = parser.parse_args(argv)
-    parser.print_help()
-    return 0 if args.cmd is None else 2
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="s4fs: %(levelname)s %(name)s: %(message)s")
+    from s4fs.errors import S4Error
+    try:
+        return int(args.fn(args) or 0)
+    except S4Error as exc:
+        print(f"s4fs: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"s4fs: {exc}", file=sys.stderr)
+        return 1
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
-    """Entry point of ``mount.fuse.s4fs`` (``mount -t fuse.s4fs``)."""
-    raise SystemExit("mount helper not implemented yet")
+    """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
+    and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto; generic
+    mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2:
+        print("usage: mount.fuse.s4fs STORE MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
+        return 2
+    store, mountpoint, rest = argv[0], argv[1], argv[2:]
+    opts: list[str] = []
+    while rest:
+        a = rest.pop(0)
+        if a == "-o" and rest:
+            opts += rest.pop(0).split(",")
+        elif a.startswith("-o"):
+            opts += a[2:].split(",")
+    cmd = ["mount", store, mountpoint]
+    for o in opts:
+        k, _, v = o.partition("=")
+        if k == "allow_other":
+            cmd.append("--allow-other")
+        elif k == "cache_dir":
+            cmd += ["--cache-dir", v]
+        elif k == "device":
+            cmd += ["--device", v]
+        elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):
+            continue
+        else:
+            print(f"mount.fuse.s4fs: ignoring unknown option {o!r}", file=sys.stderr)
+    return main(cmd)
 
 
 if __name__ == "__main__":

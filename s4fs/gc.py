@@ -1,0 +1,64 @@
+"""Garbage collection: free packs that no manifest references.
+
+A pack is live when any manifest under ``files/`` references it, directly or through a
+delta base chain (manifests carry their whole chains inline, so deleting a base
+checkpoint never frees what a newer delta needs). Unreferenced packs younger than the
+grace period are kept: they may belong to a save still in flight on this or another
+node (a manifest is written only after all its packs).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from s4fs import keys
+from s4fs.errors import CorruptManifest, NotFound
+from s4fs.manifest import Manifest
+from s4fs.stores import Store
+
+
+@dataclass
+class GcReport:
+    manifests: int = 0
+    kept: int = 0
+    young: int = 0
+    freed: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(s for _, s in self.freed)
+
+
+def live_packs(store: Store) -> tuple[set[str], int]:
+    live: set[str] = set()
+    n = 0
+    for obj in store.list(keys.FILES):
+        try:
+            m = Manifest.from_bytes(store.get(obj.key), where=obj.key)
+        except NotFound:
+            continue            # deleted while we listed
+        except CorruptManifest:
+            raise               # never free anything while a manifest is unreadable
+        live |= m.packs()
+        n += 1
+    return live, n
+
+
+def collect(store: Store, *, grace: float = 6 * 3600, dry_run: bool = False,
+            now: float | None = None) -> GcReport:
+    # list packs first: a pack written after this listing is not a candidate at all
+    packs = list(store.list(keys.PACKS))
+    live, n = live_packs(store)
+    now = time.time() if now is None else now
+    report = GcReport(manifests=n)
+    for obj in packs:
+        if obj.key in live:
+            report.kept += 1
+        elif now - obj.mtime < grace:
+            report.young += 1
+        else:
+            report.freed.append((obj.key, obj.size))
+            if not dry_run:
+                store.delete(obj.key)
+    return report
