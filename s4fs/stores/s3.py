@@ -1,0 +1,468 @@
+"""S3Store: objects in an S3 bucket (or any S3-compatible endpoint) under a prefix.
+
+``s3://bucket/prefix`` names the store; store keys are relative to the prefix, so the
+object of key ``chunks/ab/cd`` lives at ``s3://bucket/prefix/chunks/ab/cd``.
+
+This module is the store's edge: every S3 failure is translated here, from S3 error
+codes and HTTP statuses (never from message text), into the typed errors of
+:mod:`s4fs.errors`, with the S3 request id kept in the message. Throttling, 5xx and
+connection failures are retried here, in one place (:meth:`S3Store._call`), with
+exponential backoff and full jitter inside a budget of attempts and seconds; botocore's
+own retries are turned off so the two never multiply.
+
+boto3 (botocore, its core) is imported lazily, on the first ``S3Store`` construction:
+``import s4fs`` works on a machine without it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Iterator, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from s4fs.errors import (Busy, InvalidArgument, NotFound, PermissionDenied, S4Error,
+                         StoreError, StoreUnavailable)
+
+from .base import ObjectInfo, Store, check_key
+
+T = TypeVar("T")
+MiB = 1 << 20
+
+SSE_MODES = ("AES256", "aws:kms")
+
+# S3 error codes (the <Code> of an error response; HEAD responses carry no body, so
+# botocore reports the HTTP status as the code there).
+_NOT_FOUND = frozenset({"NoSuchKey", "NotFound", "404"})
+_DENIED = frozenset({"AccessDenied", "403", "AllAccessDisabled", "InvalidAccessKeyId",
+                     "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                     "AccountProblem", "InvalidSecurity"})
+_THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException",
+                        "ThrottledException", "RequestThrottled",
+                        "RequestThrottledException", "TooManyRequestsException",
+                        "RequestLimitExceeded", "BandwidthLimitExceeded",
+                        "ProvisionedThroughputExceededException", "ServiceUnavailable",
+                        "503", "429"})
+_TRANSIENT = frozenset({"InternalError", "InternalServerError", "RequestTimeout",
+                        "RequestTimeoutException", "OperationAborted", "BadGateway",
+                        "GatewayTimeout", "500", "502", "504"})
+_THROTTLED_STATUS = frozenset({429, 503})
+_TRANSIENT_STATUS = frozenset({500, 502, 504})
+
+# kinds of failure
+_THROTTLE, _TRANSIENT_KIND, _FINAL = "throttle", "transient", "final"
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Everything an ``S3Store`` can be told besides bucket and prefix.
+
+    Region, profile and credentials default to boto3's standard chain (environment,
+    shared config/credentials files, SSO, container and instance roles).
+    """
+
+    endpoint_url: str | None = None       # any S3-compatible endpoint; None = AWS
+    region: str | None = None
+    profile: str | None = None
+    sse: str | None = None                # "AES256" (SSE-S3) or "aws:kms" (SSE-KMS)
+    kms_key_id: str | None = None         # implies sse="aws:kms"
+    addressing_style: str | None = None   # "path", "virtual" or None (botocore's choice)
+    # retry budget of one store call: whichever of attempts and seconds runs out first
+    max_attempts: int = 10                # tries per call, the first one included
+    retry_seconds: float = 120.0          # time per call, sleeps included
+    backoff_base: float = 0.1             # first backoff ceiling, doubled per retry
+    backoff_max: float = 20.0             # largest backoff ceiling
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    max_pool_connections: int = 32        # the ingest pipeline puts from a thread pool
+    multipart_threshold: int = 64 * MiB   # puts larger than this use multipart upload
+    part_size: int = 16 * MiB             # S3 needs >= 5 MiB for every part but the last
+    list_page_size: int = 1000            # keys per ListObjectsV2 page (S3's maximum)
+
+    def __post_init__(self) -> None:
+        if self.sse is not None and self.sse not in SSE_MODES:
+            raise InvalidArgument(f"sse={self.sse!r} is not supported: use one of "
+                                  f"{', '.join(SSE_MODES)} (or leave it unset)")
+        if self.kms_key_id and self.sse not in (None, "aws:kms"):
+            raise InvalidArgument("kms_key_id needs sse='aws:kms'")
+        if self.addressing_style not in (None, "auto", "path", "virtual"):
+            raise InvalidArgument(f"addressing_style={self.addressing_style!r}: "
+                                  "use 'path', 'virtual' or 'auto'")
+        if self.max_attempts < 1 or self.retry_seconds < 0:
+            raise InvalidArgument("max_attempts must be >= 1 and retry_seconds >= 0")
+        if self.backoff_base < 0 or self.backoff_max < 0:
+            raise InvalidArgument("backoff_base and backoff_max must be >= 0")
+        if self.part_size < 1 or self.multipart_threshold < 1 or self.list_page_size < 1:
+            raise InvalidArgument("part_size, multipart_threshold and list_page_size "
+                                  "must be positive")
+        if self.max_pool_connections < 1:
+            raise InvalidArgument("max_pool_connections must be >= 1")
+
+    @classmethod
+    def from_strings(cls, values: dict[str, str]) -> S3Options:
+        """Options from text (URL query parameters), converted to each field's type."""
+        known = {f.name: f for f in fields(cls)}
+        out: dict[str, object] = {}
+        for name, text in values.items():
+            if name not in known:
+                raise InvalidArgument(f"unknown S3 store option {name!r}; known: "
+                                      f"{', '.join(sorted(known))}")
+            kind = type(known[name].default)
+            try:
+                out[name] = kind(text) if kind in (int, float) else text
+            except ValueError:
+                raise InvalidArgument(f"S3 store option {name}={text!r} is not "
+                                      f"a{'n' if kind is int else ''} {kind.__name__}") from None
+        return cls(**out)
+
+    def put_args(self) -> dict[str, str]:
+        """Server-side encryption arguments for PutObject and CreateMultipartUpload."""
+        sse = "aws:kms" if self.kms_key_id else self.sse
+        args = {"ServerSideEncryption": sse} if sse else {}
+        if self.kms_key_id:
+            args["SSEKMSKeyId"] = self.kms_key_id
+        return args
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """One failed S3 request, as read from the exception botocore raised."""
+    kind: str                 # _THROTTLE, _TRANSIENT_KIND or _FINAL
+    code: str
+    status: int | None
+    request_id: str
+    host_id: str
+    detail: str
+
+    def ids(self) -> str:
+        parts = [f"HTTP {self.status}" if self.status else "no HTTP response"]
+        if self.request_id:
+            parts.append(f"request id {self.request_id}")
+        if self.host_id:
+            parts.append(f"host id {self.host_id}")
+        return "; ".join(parts)
+
+
+_loader_lock = threading.Lock()
+_loader = None            # botocore's service-model loader, shared: loading costs ~0.4 s
+
+
+def _botocore_session(profile: str | None):
+    """A fresh botocore session (its own credential chain) on the shared model loader."""
+    global _loader
+    try:
+        import botocore.session
+    except ImportError as exc:
+        raise StoreError("S3 stores need boto3, which is not installed here: "
+                         "pip install 's4fs[s3]' (or pip install boto3)") from exc
+    session = botocore.session.Session(profile=profile)
+    with _loader_lock:
+        if _loader is None:
+            _loader = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _loader)
+    return session
+
+
+def _client_error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _classify(exc: BaseException) -> _Failure | None:
+    """What kind of failure ``exc`` is, or None when it is not an S3/transport error."""
+    from botocore import exceptions as bx
+
+    if isinstance(exc, bx.ClientError):
+        response = exc.response or {}
+        error = response.get("Error", {})
+        meta = response.get("ResponseMetadata", {})
+        code = str(error.get("Code", ""))
+        status = meta.get("HTTPStatusCode")
+        if code in _THROTTLED or (code not in _TRANSIENT and status in _THROTTLED_STATUS):
+            kind = _THROTTLE
+        elif code in _TRANSIENT or status in _TRANSIENT_STATUS:
+            kind = _TRANSIENT_KIND
+        else:
+            kind = _FINAL
+        return _Failure(kind, code or str(status), status,
+                        str(meta.get("RequestId") or error.get("RequestId") or ""),
+                        str(meta.get("HostId") or error.get("HostId") or ""),
+                        str(error.get("Message", "")))
+    if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError)):
+        return _Failure(_TRANSIENT_KIND, type(exc).__name__, None, "", "", str(exc))
+    if isinstance(exc, bx.BotoCoreError):
+        return _Failure(_FINAL, type(exc).__name__, None, "", "", str(exc))
+    if isinstance(exc, OSError):          # a socket error that escaped botocore's wrapping
+        return _Failure(_TRANSIENT_KIND, type(exc).__name__, None, "", "", str(exc))
+    return None
+
+
+class S3Store(Store):
+    """A store in ``s3://bucket/prefix``. Safe to share between threads (one client)."""
+
+    def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None,
+                 **overrides) -> None:
+        if not bucket or "/" in bucket:
+            raise InvalidArgument(f"invalid S3 bucket name {bucket!r}")
+        options = options or S3Options()
+        if overrides:
+            try:
+                options = replace(options, **overrides)
+            except TypeError as exc:
+                raise InvalidArgument(f"unknown S3 store option: {exc}") from None
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.options = options
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self._root = prefix + "/" if prefix else ""
+        self._put_args = options.put_args()
+        self._lock = threading.Lock()
+        self._stats = {"requests": 0, "retries": 0, "bytes_sent": 0, "bytes_received": 0}
+        self._client = self._make_client()
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> S3Store:
+        """``s3://bucket[/prefix][?option=value&...]``; keyword options win over the
+        query string. Options are the fields of :class:`S3Options`."""
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise InvalidArgument(f"not an S3 URL: {url!r} (expected s3://bucket/prefix)")
+        base = S3Options.from_strings(dict(parse_qsl(parts.query, keep_blank_values=True)))
+        return cls(parts.netloc, unquote(parts.path), base, **options)
+
+    def __repr__(self) -> str:
+        where = f" at {self.options.endpoint_url}" if self.options.endpoint_url else ""
+        return f"S3Store({self.url!r}{where})"
+
+    # --- client ------------------------------------------------------------------
+
+    def _make_client(self):
+        session = _botocore_session(self.options.profile)
+        from botocore import exceptions as bx
+        from botocore.config import Config
+        opts = self.options
+        s3_config = {"addressing_style": opts.addressing_style} if opts.addressing_style else {}
+        config = Config(
+            region_name=opts.region,
+            max_pool_connections=opts.max_pool_connections,
+            connect_timeout=opts.connect_timeout,
+            read_timeout=opts.read_timeout,
+            # one try per botocore call: S3Store._call is the only place that retries
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            s3=s3_config or None,
+            user_agent_extra="s4fs",
+        )
+        try:
+            client = session.create_client("s3", region_name=opts.region,
+                                           endpoint_url=opts.endpoint_url, config=config)
+        except bx.ProfileNotFound as exc:
+            raise InvalidArgument(f"AWS profile {opts.profile!r} not found: {exc}") from None
+        except (bx.BotoCoreError, ValueError) as exc:
+            raise InvalidArgument(f"cannot configure an S3 client for {self.url}: {exc}") from None
+        client.meta.events.register("before-send.s3", self._count_request)
+        return client
+
+    def _count_request(self, request=None, **_) -> None:
+        try:
+            sent = int(request.headers.get("Content-Length") or 0)
+        except (AttributeError, TypeError, ValueError):
+            sent = 0
+        with self._lock:
+            self._stats["requests"] += 1
+            self._stats["bytes_sent"] += sent
+
+    def stats(self) -> dict[str, int]:
+        """HTTP requests sent (retries included), retries, request body bytes sent and
+        object bytes received since this store was opened."""
+        with self._lock:
+            return dict(self._stats)
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- the one place that retries and translates errors ------------------------
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        opts = self.options
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except S4Error:
+                raise
+            except Exception as exc:
+                failure = _classify(exc)
+                if failure is None:
+                    raise
+                elapsed = time.monotonic() - started
+                if failure.kind != _FINAL and attempt < opts.max_attempts:
+                    ceiling = min(opts.backoff_max, opts.backoff_base * 2 ** (attempt - 1))
+                    delay = random.uniform(0, ceiling)          # full jitter
+                    if elapsed + delay <= opts.retry_seconds:
+                        with self._lock:
+                            self._stats["retries"] += 1
+                        time.sleep(delay)
+                        continue
+                raise self._error(op, key, failure, attempt, elapsed) from exc
+
+    def _error(self, op: str, key: str, f: _Failure, attempts: int,
+               elapsed: float) -> S4Error:
+        where = f"s3://{self.bucket}/{self._root}{key}" if key else self.url
+        what = f"S3 {op} of {where}: {f.code} ({f.ids()})"
+        if f.detail:
+            what += f": {f.detail}"
+        tried = f"gave up after {attempts} attempt{'s' if attempts > 1 else ''} in {elapsed:.1f} s"
+        if f.kind == _THROTTLE:
+            return Busy(f"{what}; S3 kept throttling, {tried}. Lower the number of "
+                        "parallel uploads, or raise max_attempts/retry_seconds.")
+        if f.kind == _TRANSIENT_KIND:
+            endpoint = self.options.endpoint_url or "AWS S3"
+            return StoreUnavailable(f"{what}; {tried}. Check the network and that "
+                                    f"{endpoint} is reachable and healthy.")
+        if f.code == "NoSuchBucket":
+            return StoreError(f"{what}. Bucket {self.bucket!r} does not exist: create it, "
+                              "or fix the bucket name or endpoint_url.")
+        if f.code in _NOT_FOUND or (f.status == 404 and f.code != "NoSuchUpload"):
+            return NotFound(f"no object {key!r} in {self.url} ({f.ids()})")
+        if f.code in _DENIED or f.status == 403:
+            return PermissionDenied(f"{what}. Check the credentials, and that the IAM "
+                                    "policy allows this action on the bucket and prefix "
+                                    "(and kms:GenerateDataKey/kms:Decrypt with SSE-KMS); "
+                                    "see docs/S3.md.")
+        if f.code in ("NoCredentialsError", "PartialCredentialsError",
+                      "CredentialRetrievalError"):
+            return PermissionDenied(f"{what}. No usable AWS credentials: set "
+                                    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, "
+                                    "or an instance/container role.")
+        if f.code in ("ParamValidationError",):
+            return InvalidArgument(what)
+        return StoreError(what)
+
+    # --- Store -------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        return self._root + check_key(key)
+
+    def get(self, key, start=None, end=None) -> bytes:
+        full = self._key(key)
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            raise InvalidArgument(f"negative byte range [{start}, {end}) for {key!r}")
+        lo = start or 0
+        if end is not None and end <= lo:
+            self.head(key)                  # an empty range of a missing key is NotFound
+            return b""
+        ranged = lo > 0 or end is not None
+        args = {"Bucket": self.bucket, "Key": full}
+        if ranged:
+            args["Range"] = f"bytes={lo}-" + ("" if end is None else str(end - 1))
+
+        def fetch() -> bytes:
+            from botocore.exceptions import ClientError
+            try:
+                response = self._client.get_object(**args)
+            except ClientError as exc:
+                if ranged and _client_error_code(exc) == "InvalidRange":
+                    return b""              # the object exists; the range starts past its end
+                raise
+            body = response["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
+            if ranged and "ContentRange" not in response:
+                data = data[lo:end]          # a server that ignored the Range header
+            return data
+
+        data = self._call("get", key, fetch)
+        with self._lock:
+            self._stats["bytes_received"] += len(data)
+        return data
+
+    def put(self, key, data) -> None:
+        full = self._key(key)
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else None
+        size = len(data) if view is None else view.nbytes
+        if size > self.options.multipart_threshold:
+            self._put_multipart(key, full, view if view is not None else memoryview(data))
+            return
+        body = data if view is None else view.tobytes()
+        self._call("put", key, lambda: self._client.put_object(
+            Bucket=self.bucket, Key=full, Body=body, **self._put_args))
+
+    def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
+        """Upload in parts; the object appears only when the upload completes, and a
+        failed upload is aborted so no parts linger (best effort: also set a bucket
+        lifecycle rule, see docs/S3.md)."""
+        client, bucket = self._client, self.bucket
+        upload_id = self._call("put", key, lambda: client.create_multipart_upload(
+            Bucket=bucket, Key=full, **self._put_args)["UploadId"])
+        try:
+            parts = []
+            step = max(self.options.part_size, 5 * MiB)
+            for number, offset in enumerate(range(0, view.nbytes, step), start=1):
+                body = view[offset:offset + step].tobytes()
+                response = self._call("put", key, lambda: client.upload_part(
+                    Bucket=bucket, Key=full, UploadId=upload_id, PartNumber=number,
+                    Body=body))
+                part = {"PartNumber": number, "ETag": response["ETag"]}
+                part.update({k: v for k, v in response.items() if k.startswith("Checksum")
+                             and k != "ChecksumType"})
+                parts.append(part)
+            self._call("put", key, lambda: client.complete_multipart_upload(
+                Bucket=bucket, Key=full, UploadId=upload_id,
+                MultipartUpload={"Parts": parts}))
+        except BaseException:
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=full, UploadId=upload_id)
+            except Exception:
+                pass                          # the lifecycle rule reclaims it
+            raise
+
+    def delete(self, key) -> None:
+        full = self._key(key)
+        try:
+            self._call("delete", key, lambda: self._client.delete_object(
+                Bucket=self.bucket, Key=full))
+        except NotFound:
+            pass                              # some S3-compatible servers answer 404
+
+    def head(self, key) -> ObjectInfo:
+        full = self._key(key)
+        response = self._call("head", key, lambda: self._client.head_object(
+            Bucket=self.bucket, Key=full))
+        return ObjectInfo(key, int(response["ContentLength"]),
+                          response["LastModified"].timestamp())
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        if not isinstance(prefix, str) or prefix.startswith("/") or "\x00" in prefix:
+            raise InvalidArgument(f"invalid store prefix {prefix!r}")
+        first = self._list_page(prefix, None)    # errors surface at the call, not later
+        return self._list_rest(prefix, first)
+
+    def _list_page(self, prefix: str, token: str | None) -> dict:
+        args = {"Bucket": self.bucket, "Prefix": self._root + prefix,
+                "MaxKeys": self.options.list_page_size}
+        if token:
+            args["ContinuationToken"] = token
+        return self._call("list", prefix, lambda: self._client.list_objects_v2(**args))
+
+    def _list_rest(self, prefix: str, page: dict) -> Iterator[ObjectInfo]:
+        cut = len(self._root)
+        while True:
+            for item in page.get("Contents", ()):
+                key = item["Key"][cut:]
+                if key:                       # skip a "folder" marker at the prefix itself
+                    yield ObjectInfo(key, int(item["Size"]),
+                                     item["LastModified"].timestamp())
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            page = self._list_page(prefix, token)
