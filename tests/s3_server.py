@@ -175,7 +175,7 @@ class S3FaultProxy:
         self._server = _ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = _threading.Thread(target=self._server.serve_forever,
+        self._thread = _threading.Thread(target=self._server.serve_forever, args=(0.05,),
                                          name="s3-fault-proxy", daemon=True)
         self._thread.start()
 
