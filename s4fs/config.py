@@ -245,7 +245,7 @@ def _check_top(cfg: Config, key: str, source: str) -> None:
 def _check_store(value: Any, source: str) -> None:
     _want_str("", "store", value, source, '"s3://bucket/prefix"')
     if value.startswith("s3://"):
-        bucket = value[5:].split("/", 1)[0]
+        bucket = re.split(r"[/?]", value[5:], maxsplit=1)[0]
         if not _BUCKET.match(bucket):
             raise ConfigError(f"config {source}: store {value!r} does not name a valid S3 bucket "
                               f"({bucket!r}); write e.g. store = \"s3://my-bucket/checkpoints\"")
