@@ -97,13 +97,21 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
 
 
-def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0) -> int:
+def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0,
+               log_file: str | None = None) -> int:
     """Start ``s4fs mount ... --foreground`` in the background; return once it is mounted
-    (0), or with the child's error (non-zero) if it fails first."""
+    (0), or with the child's error (non-zero) if it fails first. The daemon's log goes to
+    ``log_file`` (its tail is printed when the start fails)."""
+    import tempfile
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "s4fs.cli", *argv, "--foreground", "--ready-fd", str(w)]
+    if log_file is None:
+        fd, log_file = tempfile.mkstemp(prefix="s4fs-mount-", suffix=".log")
+        os.close(fd)
+    log = open(log_file, "ab")
     child = subprocess.Popen(cmd, pass_fds=(w,), start_new_session=True,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    log.close()
     os.close(w)
     deadline = time.monotonic() + timeout
     import select
@@ -121,7 +129,13 @@ def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0) -> int:
             child.terminate()
             print(f"s4fs: mount at {mountpoint} did not become ready in {timeout:.0f}s",
                   file=sys.stderr)
-            return 1
+        try:
+            with open(log_file, "rb") as f:
+                tail = f.read()[-4000:].decode(errors="replace")
+        except OSError:
+            tail = ""
+        print(f"s4fs: mounting {mountpoint} failed; daemon log {log_file}:\n{tail}",
+              file=sys.stderr)
         return code or 1
     finally:
         os.close(r)

@@ -50,7 +50,11 @@ def cmd_mount(args) -> int:
             argv += ["--device", args.device]
         if args.verbose:
             argv.append("-v")
-        return run_daemon(argv, mountpoint)
+        log_file = args.log_file or (os.path.join(args.cache_dir, "s4fs-mount.log")
+                                     if args.cache_dir else None)
+        if args.cache_dir:
+            os.makedirs(args.cache_dir, exist_ok=True)
+        return run_daemon(argv, mountpoint, log_file=log_file)
     from s4fs.fs import Filesystem
     from s4fs.mount import mount_foreground
     from s4fs.stores import open_store
@@ -219,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
     m.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    m.add_argument("--log-file", help="daemon log (default: CACHE_DIR/s4fs-mount.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_mount)

@@ -425,9 +425,10 @@ class Filesystem:
 class ReadHandle:
     """A read-only view of one committed version of a file."""
 
-    def __init__(self, reader: FileReader | None = None, staged=None, size_fn=None):
+    def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
+                 size_fn=None):
         self._reader = reader
-        self._staged = staged
+        self._fd = staged_fd
         self._size_fn = size_fn
 
     @property
@@ -437,10 +438,12 @@ class ReadHandle:
     def read(self, offset: int, size: int) -> bytes:
         if self._reader is not None:
             return self._reader.read(offset, size)
-        return os.pread(self._staged.fileno(), size, offset)
+        return os.pread(self._fd, size, offset)
 
     def release(self) -> None:
-        pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class WriteHandle:
@@ -616,11 +619,15 @@ class WriteHandle:
 
     def reader_view(self) -> ReadHandle:
         with self._lock:
+            if not self._dirty and self.previous is not None:
+                return ReadHandle(FileReader(self.previous, self.fs.source))
             if self._session is not None:
                 raise Busy(f"{self.path!r} is being written; it can be read once closed")
             if self._staged is None:
                 self._stage_from(self.fs._manifest_or_none(self.path, fresh=True))
-            return ReadHandle(staged=self._staged, size_fn=lambda: self._size)
+            # a descriptor of its own: the writer may close its staging file first
+            return ReadHandle(staged_fd=os.dup(self._staged.fileno()),
+                              size_fn=lambda: self._size)
 
     def release(self) -> None:
         """Last close of one descriptor. Commits what is left; the last one cleans up."""

@@ -1,0 +1,299 @@
+"""Real FUSE mount tests: unchanged torch.save / torch.load and everyday file tools."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.fuse
+
+
+def local_twin(tmp_path, name):
+    """torch.save names records after the file: a byte-for-byte twin needs the same name."""
+    d = tmp_path / "local-twins"
+    d.mkdir(exist_ok=True)
+    return d / name
+
+
+def sha(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def state(seed=0, n=4):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "emb": torch.randn(3000, 64, generator=g),
+        "w16": torch.randn(256, 256, generator=g).to(torch.bfloat16),
+        "h": torch.randn(1000, generator=g).half(),
+        "step": torch.tensor(seed),
+        "layers": [torch.randn(128, 128, generator=g) for _ in range(n)],
+        "name": f"run-{seed}",
+    }
+
+
+def assert_same(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype.is_floating_point and a.element_size() == 1 else a, b.view(torch.uint8) if b.dtype.is_floating_point and b.element_size() == 1 else b)
+    else:
+        assert a == b
+
+
+def test_torch_save_load_unchanged(mounted, tmp_path):
+    sd = state(1)
+    dst = os.path.join(mounted.path, "ckpt_100.pt")
+    torch.save(sd, dst)
+    twin = local_twin(tmp_path, "ckpt_100.pt")
+    torch.save(sd, twin)
+    assert sha(dst) == sha(twin)
+    assert os.path.getsize(dst) == os.path.getsize(twin)
+    assert_same(torch.load(dst), sd)                       # default weights_only=True
+    assert_same(torch.load(dst, mmap=True), sd)
+    assert_same(torch.load(dst, weights_only=False), sd)
+    mounted.restart()                                       # survives a remount
+    assert sha(dst) == sha(twin)
+
+
+def test_stored_smaller_and_stat_cli(mounted):
+    sd = {"w": torch.randn(512, 512).to(torch.bfloat16), "opt": torch.zeros(100000)}
+    dst = os.path.join(mounted.path, "small.pt")
+    torch.save(sd, dst)
+    out = subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", dst, "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    import json
+    r = json.loads(out)
+    assert r["logical"] == os.path.getsize(dst)
+    assert 0 < r["stored"] < r["logical"]
+
+
+def test_cp_mv_rm_ls_stat(mounted, tmp_path):
+    src = tmp_path / "blob.bin"
+    src.write_bytes(os.urandom(3_000_000) + bytes(2_000_000))
+    subprocess.run(["cp", str(src), mounted.path + "/"], check=True)
+    m = os.path.join(mounted.path, "blob.bin")
+    assert os.stat(m).st_size == src.stat().st_size
+    ls = subprocess.run(["ls", "-la", mounted.path], capture_output=True, text=True,
+                        check=True).stdout
+    rows = {line.split()[-1]: line.split() for line in ls.splitlines()[1:]}
+    assert {".", "..", "blob.bin"} <= set(rows)
+    assert int(rows["blob.bin"][4]) == src.stat().st_size
+    subprocess.run(["cp", m, str(tmp_path / "back.bin")], check=True)
+    assert sha(tmp_path / "back.bin") == sha(src)
+    os.mkdir(os.path.join(mounted.path, "sub"))
+    subprocess.run(["mv", m, os.path.join(mounted.path, "sub", "moved.bin")], check=True)
+    assert not os.path.exists(m)
+    assert sha(os.path.join(mounted.path, "sub", "moved.bin")) == sha(src)
+    assert sorted(os.listdir(mounted.path)) == ["sub"]
+    os.remove(os.path.join(mounted.path, "sub", "moved.bin"))
+    os.rmdir(os.path.join(mounted.path, "sub"))
+    assert os.listdir(mounted.path) == []
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(mounted.path, "sub"))
+
+
+def test_non_torch_and_empty_files(mounted):
+    p = os.path.join(mounted.path, "notes.json")
+    with open(p, "w") as f:
+        f.write('{"a": 1}\n')
+    assert open(p).read() == '{"a": 1}\n'
+    e = os.path.join(mounted.path, "empty")
+    open(e, "w").close()
+    assert os.path.getsize(e) == 0 and open(e, "rb").read() == b""
+
+
+def test_overwrite_checkpoint_in_place(mounted, tmp_path):
+    dst = os.path.join(mounted.path, "latest.pt")
+    for seed in range(3):
+        sd = state(seed)
+        torch.save(sd, dst)
+        torch.save(sd, local_twin(tmp_path, "latest.pt"))
+        assert sha(dst) == sha(local_twin(tmp_path, "latest.pt"))
+        assert_same(torch.load(dst), sd)
+
+
+def test_append_truncate_and_dd(mounted):
+    log = os.path.join(mounted.path, "train.log")
+    expect = b""
+    for i in range(5):
+        line = f"step {i} loss {1.0 / (i + 1):.4f}\n".encode()
+        with open(log, "ab") as f:
+            f.write(line)
+        expect += line
+        assert open(log, "rb").read() == expect
+    os.truncate(log, 10)
+    assert open(log, "rb").read() == expect[:10]
+    os.truncate(log, 20)
+    assert open(log, "rb").read() == expect[:10] + bytes(10)
+    data = os.path.join(mounted.path, "data.bin")
+    payload = bytearray(os.urandom(1 << 20))
+    with open(data, "wb") as f:
+        f.write(payload)
+    patch = os.urandom(4096)
+    subprocess.run(["dd", "of=" + data, "bs=4096", "seek=7", "conv=notrunc", "status=none"],
+                   input=patch, check=True)
+    payload[7 * 4096: 8 * 4096] = patch
+    assert open(data, "rb").read() == bytes(payload)
+    with open(data, "r+b") as f:                   # read-write handle, seek back
+        f.seek(100)
+        f.write(b"xyz")
+        f.seek(0)
+        head = f.read(103)
+    payload[100:103] = b"xyz"
+    assert head == bytes(payload[:103])
+    assert open(data, "rb").read() == bytes(payload)
+
+
+def _writer(path, seed):
+    import torch as t
+    t.save({"x": t.randn(200_000, generator=t.Generator().manual_seed(seed)),
+            "seed": seed}, path)
+
+
+def test_four_processes_write_at_once(mounted, tmp_path):
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    paths = [os.path.join(mounted.path, f"rank{i}.pt") for i in range(4)]
+    procs = [ctx.Process(target=_writer, args=(p, i)) for i, p in enumerate(paths)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    for i, p in enumerate(paths):
+        _writer(local_twin(tmp_path, f"rank{i}.pt"), i)
+        assert sha(p) == sha(local_twin(tmp_path, f"rank{i}.pt"))
+
+
+def test_kill9_during_save_leaves_no_torn_file(mounted, tmp_path):
+    good = os.path.join(mounted.path, "ckpt_1.pt")
+    sd = state(5)
+    torch.save(sd, good)
+    ref = sha(good)
+    code = (
+        "import torch,sys\n"
+        "sd={f'w{i}': torch.randn(1<<20) for i in range(200)}\n"
+        f"torch.save(sd, {os.path.join(mounted.path, 'ckpt_2.pt')!r})\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    target = os.path.join(mounted.path, "ckpt_2.pt")
+    while time.monotonic() < deadline:
+        try:
+            if os.stat(target).st_size > 50 << 20:
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    mounted.kill9()
+    writer.wait(60)
+    assert writer.returncode != 0
+    mounted.restart()
+    assert not os.path.exists(target), "a torn checkpoint is visible after the crash"
+    assert sha(good) == ref
+    assert_same(torch.load(good), sd)
+
+
+def test_tar_and_rsync_out_of_the_mount(mounted, tmp_path):
+    src = tmp_path / "tree"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "x.bin").write_bytes(os.urandom(100_000))
+    (src / "a" / "b" / "y.txt").write_text("hello\n" * 1000)
+    torch.save(state(2), src / "a" / "b" / "c.pt")
+    shutil.copytree(src, os.path.join(mounted.path, "tree"))
+    with tarfile.open(tmp_path / "t.tar", "w") as tf:
+        tf.add(os.path.join(mounted.path, "tree"), arcname="tree")
+    out = tmp_path / "untar"
+    with tarfile.open(tmp_path / "t.tar") as tf:
+        tf.extractall(out)
+    for rel in ("a/x.bin", "a/b/y.txt", "a/b/c.pt"):
+        assert sha(out / "tree" / rel) == sha(src / rel)
+    if shutil.which("rsync"):
+        dst = tmp_path / "rs"
+        subprocess.run(["rsync", "-a", os.path.join(mounted.path, "tree") + "/", str(dst)],
+                       check=True)
+        for rel in ("a/x.bin", "a/b/y.txt", "a/b/c.pt"):
+            assert sha(dst / rel) == sha(src / rel)
+        # and rsync into the mount (temp file + rename)
+        subprocess.run(["rsync", "-a", str(src) + "/", os.path.join(mounted.path, "rs2")],
+                       check=True)
+        for rel in ("a/x.bin", "a/b/y.txt", "a/b/c.pt"):
+            assert sha(os.path.join(mounted.path, "rs2", rel)) == sha(src / rel)
+
+
+def test_rename_noreplace(mounted):
+    a = os.path.join(mounted.path, "a")
+    b = os.path.join(mounted.path, "b")
+    open(a, "w").write("A")
+    open(b, "w").write("B")
+    libc = ctypes.CDLL(None, use_errno=True)
+    AT_FDCWD, RENAME_NOREPLACE = -100, 1
+    rc = libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_NOREPLACE)
+    assert rc == -1 and ctypes.get_errno() == errno.EEXIST
+    assert open(b).read() == "B"
+    os.rename(a, b)
+    assert open(b).read() == "A" and not os.path.exists(a)
+
+
+def test_failed_store_makes_close_fail(mount_factory, tmp_path):
+    """A store that cannot take the data: torch.save raises, nothing half-written shows."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tiny tmpfs as the store")
+    small = tmp_path / "tiny"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        m = mount_factory(store=str(small), name="tiny-mnt")
+        dst = os.path.join(m.path, "big.pt")
+        # torch reports the failed close() as RuntimeError (its C++ stream) or OSError
+        with pytest.raises((OSError, RuntimeError)):
+            torch.save({"x": torch.randn(4 << 20)}, dst)
+        assert not os.path.exists(dst)
+        m.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
+
+
+def test_mount_helper_and_fstab_form(tmp_path):
+    from mount_helpers import fuse_usable
+    ok, why = fuse_usable()
+    if not ok or os.geteuid() != 0:
+        pytest.skip(why or "needs root")
+    helper = shutil.which("mount.fuse.s4fs") or os.path.join(os.path.dirname(sys.executable),
+                                                            "mount.fuse.s4fs")
+    store, mp = tmp_path / "st", tmp_path / "mp"
+    store.mkdir()
+    mp.mkdir()
+    link = "/sbin/mount.fuse.s4fs"
+    made_link = not os.path.exists(link)
+    if made_link:
+        os.symlink(helper, link)
+    try:
+        res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o", "rw,noatime",
+                              str(store), str(mp)], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert os.path.ismount(mp)
+        (mp / "f.txt").write_text("via mount -t")
+        assert (mp / "f.txt").read_text() == "via mount -t"
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        if made_link:
+            os.unlink(link)
