@@ -35,6 +35,7 @@ DESCRIPTOR = b"PK\x07\x08"
 ZIP64_END = b"PK\x06\x06"
 ZIP64_LOCATOR = b"PK\x06\x07"
 END = b"PK\x05\x06"
+_DESC_SIG = re.compile(re.escape(DESCRIPTOR))
 _SYNC = re.compile(re.escape(b"PK") + b"(?:\x03\x04|\x01\x02|\x05\x06|\x06\x06|\x06\x07)")
 _LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")
 _U32 = 0xFFFFFFFF
@@ -264,22 +265,22 @@ class TorchZipMachine(Machine):
     def _st_search(self) -> bool:
         win = self.win
         while True:
-            held = win.held
-            p = held.find(DESCRIPTOR, self._search_from)
-            if p >= 0 and len(held) >= p + _DESC_LOOKAHEAD:
-                n = self._found(held, p)
-                if n:
-                    if self._is_pickle:
-                        self._scanned(bytes(held[:p]))
-                    return self.payload(p + n, RAW, self._st_signature)
-                self._search_from = p + 1
-                continue
-            self._search_from = p if p >= 0 else max(self._search_from, len(held) - 3)
-            if len(held) > self.limits.record_cap + _DESC_LOOKAHEAD:
-                # too big to hold: give up on this record
-                return self.rest_raw() if self._is_pickle else self.hunt(0)
-            if not win.absorb(max(1 << 16, len(held))):
+            p = win.search(_DESC_SIG, self._search_from)
+            if p < 0:
+                self._search_from = max(self._search_from, win.avail - 3)
+                if win.avail > self.limits.record_cap + _DESC_LOOKAHEAD:
+                    # too big to hold: give up on this record
+                    return self.rest_raw() if self._is_pickle else self.hunt(0)
                 return False
+            if not win.ensure(p + _DESC_LOOKAHEAD):
+                self._search_from = p
+                return False
+            n = self._found(win.held, p)
+            if n:
+                if self._is_pickle:
+                    self._scanned(bytes(win.held[:p]))
+                return self.payload(p + n, RAW, self._st_signature)
+            self._search_from = p + 1
 
     def _found(self, held: bytearray, p: int) -> int:
         """Length of the descriptor at ``p`` if it closes a ``p``-byte record, else 0."""

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GROW = 1 << 16          # least number of bytes absorbed at a time while searching
-
-
 @dataclass(frozen=True)
 class Segment:
     """A classified run of stream bytes; pieces of one segment share this object."""
@@ -100,6 +97,16 @@ class Window:
             return None
         self.absorb(n - h)
         return bytes(self.held[:n])
+
+    def ensure(self, n: int) -> bool:
+        """Make the next ``n`` bytes contiguous in ``held``; False while fewer exist."""
+        h = len(self.held)
+        if h >= n:
+            return True
+        if h + len(self._inp) - self._ipos < n:
+            return False
+        self.absorb(n - h)
+        return True
 
     def absorb(self, n: int) -> int:
         """Copy up to ``n`` bytes of input into the held buffer; returns how many."""
