@@ -60,6 +60,7 @@ def test_url_query_options_and_keyword_overrides():
     ("s3://bkt", {"sse": "AES256", "kms_key_id": "k"}),
     ("s3://bkt", {"max_attempts": 0}),
     ("s3://bkt", {"colour": "blue"}),
+    ("s3://bkt", {"profile": "s4fs-no-such-profile-in-any-config"}),
     ("s3://bkt/a//b", {}),
     ("s3://bkt/../up", {}),
 ])

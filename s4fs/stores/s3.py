@@ -152,12 +152,10 @@ _loader = None            # botocore's service-model loader, shared: loading cos
 def _botocore_session(profile: str | None):
     """A fresh botocore session (its own credential chain) on the shared model loader."""
     global _loader
-    try:
-        import botocore.session
-    except ImportError as exc:
-        raise StoreError("S3 stores need boto3, which is not installed here: "
-                         "pip install 's4fs[s3]' (or pip install boto3)") from exc
-    session = botocore.session.Session(profile=profile)
+    import botocore.session
+    session = botocore.session.Session()
+    if profile:
+        session.set_config_variable("profile", profile)
     with _loader_lock:
         if _loader is None:
             _loader = session.get_component("data_loader")
@@ -243,9 +241,12 @@ class S3Store(Store):
     # --- client ------------------------------------------------------------------
 
     def _make_client(self):
-        session = _botocore_session(self.options.profile)
-        from botocore import exceptions as bx
-        from botocore.config import Config
+        try:
+            from botocore import exceptions as bx
+            from botocore.config import Config
+        except ImportError as exc:
+            raise StoreError("S3 stores need boto3, which is not installed here: "
+                             "pip install 's4fs[s3]' (or pip install boto3)") from exc
         opts = self.options
         s3_config = {"addressing_style": opts.addressing_style} if opts.addressing_style else {}
         config = Config(
@@ -259,6 +260,7 @@ class S3Store(Store):
             user_agent_extra="s4fs",
         )
         try:
+            session = _botocore_session(opts.profile)
             client = session.create_client("s3", region_name=opts.region,
                                            endpoint_url=opts.endpoint_url, config=config)
         except bx.ProfileNotFound as exc:
