@@ -9,7 +9,7 @@ How the runner sees the mount daemon's numbers
 The mount daemon (``s4fs mount``) and the runner are separate processes: the runner
 starts the daemon as its child. They share numbers through prometheus_client's
 *multiprocess mode*: the runner creates a metrics directory (``$RUNTIME_DIRECTORY/metrics``
-under systemd, i.e. ``/run/s4fs/metrics``), calls :func:`use_multiprocess` on it and passes
+under systemd, i.e. ``/run/s4fs/metrics``), calls :func:`serve_directory` on it and passes
 ``PROMETHEUS_MULTIPROC_DIR`` to the daemon. Every process then keeps its values in small
 memory-mapped files in that directory, and the runner's :func:`registry` sums them at
 scrape time. Counters and histograms of a daemon that died stay in the sum (totals never
@@ -111,24 +111,19 @@ def observe_error(kind: str) -> None:
 
 # --- what the runner calls ---------------------------------------------------------
 
-def use_multiprocess(path: str) -> bool:
-    """Record this process's metrics in the multiprocess directory ``path`` and have
-    :func:`registry` read every process's files from there. Call it before the first
-    metric is recorded; children inherit ``PROMETHEUS_MULTIPROC_DIR`` from the
-    environment. Returns False (and changes nothing) once metrics were already set up
-    in-process."""
+def serve_directory(path: str) -> None:
+    """Make :func:`registry` serve the metrics that other processes (the mount daemon,
+    started with ``PROMETHEUS_MULTIPROC_DIR=path``) write into ``path``. The calling
+    process only reads there, so it needs no write access; its own ``observe_*`` calls
+    become no-ops. Call it before anything else touches the metrics."""
     global _state
     with _lock:
-        if _state not in (None, False):
-            return os.environ.get(ENV_DIR) == path
-        os.makedirs(path, exist_ok=True)
-        os.environ[ENV_DIR] = path
-        import sys
-        values = sys.modules.get("prometheus_client.values")
-        if values is not None:           # imported already: re-pick its value class
-            values.ValueClass = values.get_value_class()
-        _state = None
-        return True
+        if _state:
+            raise RuntimeError("s4fs.metrics was set up already; call serve_directory first")
+        try:
+            _state = _Metrics(path, record=False)
+        except ImportError:
+            _state = False
 
 
 def registry():
@@ -140,8 +135,9 @@ def registry():
 
 def mark_process_dead(pid: int) -> None:
     """Forget the live gauges of a process that exited (multiprocess mode only)."""
-    path = os.environ.get(ENV_DIR)
-    if not path or _get() is None:
+    m = _get()
+    path = m.multiprocess_dir if m is not None else None
+    if not path:
         return
     try:
         from prometheus_client import multiprocess
@@ -169,7 +165,7 @@ def _get() -> "_Metrics | None":
             if _state is None:
                 try:
                     _state = _Metrics(os.environ.get(ENV_DIR) or None)
-                except ModuleNotFoundError:
+                except ImportError:
                     _state = False
                 except Exception as exc:
                     log.warning("metrics disabled: could not set up prometheus_client: %s", exc)
@@ -178,40 +174,59 @@ def _get() -> "_Metrics | None":
     return state or None
 
 
+#: (attribute, kind, name without the s4fs_ prefix, help, extra arguments)
+_SPEC = [
+    ("logical", "counter", "logical_bytes",
+     "Bytes users wrote into saved files (before compression)", {}),
+    ("stored", "counter", "stored_bytes",
+     "Bytes the saved files take in the store (after compression and delta)", {}),
+    ("loaded", "counter", "loaded_bytes", "Bytes read back from files", {}),
+    ("save_seconds", "histogram", "save_seconds",
+     "Time from open to durable close of a saved file", {"buckets": LATENCY_BUCKETS}),
+    ("load_seconds", "histogram", "load_seconds",
+     "Time from open to release of a file read back", {"buckets": LATENCY_BUCKETS}),
+    ("last_save", "gauge", "last_save_timestamp_seconds",
+     "Unix time of the last durable save", {"multiprocess_mode": "max"}),
+    ("uploads", "gauge", "uploads_in_flight",
+     "Chunk uploads started and not yet finished", {"multiprocess_mode": "livesum"}),
+    ("errors", "counter", "errors", "Errors by kind", {"labelnames": ["kind"]}),
+]
+
+
 class _Metrics:
-    def __init__(self, multiprocess_dir: str | None) -> None:
+    """This process's metric objects and the registry ``/metrics`` serves.
+
+    * in-process (no directory): values live in memory, the registry holds them;
+    * recording into a directory (the mount daemon): values go to files there;
+    * reading a directory (the runner, ``record=False``): the registry sums every
+      process's files; families nobody has written yet are served as zeros."""
+
+    def __init__(self, multiprocess_dir: str | None, record: bool = True) -> None:
         import prometheus_client as prom
         from prometheus_client.core import CollectorRegistry
 
         self.multiprocess_dir = multiprocess_dir
-        if multiprocess_dir:
-            os.makedirs(multiprocess_dir, exist_ok=True)
-            from prometheus_client import multiprocess
-            own = None                        # values go to files, the registry reads them
-            self.registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)
-            reader = multiprocess.MultiProcessCollector(None, path=multiprocess_dir)
-            totals = lambda: _totals(reader.collect())  # noqa: E731
-        else:
-            own = self.registry = CollectorRegistry()
-            totals = lambda: _totals(list(self.logical.collect()) + list(self.stored.collect()))  # noqa: E731
-        kw = {"registry": own, "namespace": "s4fs"}
-        self.logical = prom.Counter("logical_bytes", "Bytes users wrote into saved files "
-                                    "(before compression)", **kw)
-        self.stored = prom.Counter("stored_bytes", "Bytes the saved files take in the store "
-                                   "(after compression and delta)", **kw)
-        self.loaded = prom.Counter("loaded_bytes", "Bytes read back from files", **kw)
-        self.save_seconds = prom.Histogram("save_seconds", "Time from open to durable close "
-                                           "of a saved file", buckets=LATENCY_BUCKETS, **kw)
-        self.load_seconds = prom.Histogram("load_seconds", "Time from open to release of a "
-                                           "file read back", buckets=LATENCY_BUCKETS, **kw)
-        self.last_save = prom.Gauge("last_save_timestamp_seconds", "Unix time of the last "
-                                    "durable save", multiprocess_mode="max", **kw)
-        self.uploads = prom.Gauge("uploads_in_flight", "Chunk uploads started and not yet "
-                                  "finished", multiprocess_mode="livesum", **kw)
-        self.errors = prom.Counter("errors", "Errors by kind", ["kind"], **kw)
-        self.registry.register(_DerivedCollector(totals))
         self._kinds: set[str] = set()
+        self.registry = CollectorRegistry()
+        if multiprocess_dir is None:
+            self._define(prom, self.registry)
+            source = _OwnCollector(self)
+        else:
+            if record:
+                os.makedirs(multiprocess_dir, exist_ok=True)
+                self._define(prom, None)          # values go to files in the directory
+            else:
+                for attr, *_ in _SPEC:            # a reader records nothing itself
+                    setattr(self, attr, _NULL)
+            source = _DirCollector(multiprocess_dir)
+            self.registry.register(source)
+        self.registry.register(_DerivedCollector(lambda: _totals(source.collect())))
+
+    def _define(self, prom, registry) -> None:
+        classes = {"counter": prom.Counter, "gauge": prom.Gauge, "histogram": prom.Histogram}
+        for attr, kind, name, doc, extra in _SPEC:
+            setattr(self, attr, classes[kind](name, doc, namespace="s4fs", registry=registry,
+                                              **extra))
 
     def kind_label(self, kind: str) -> str:
         label = re.sub(r"[^a-z0-9_]+", "_", str(kind).lower()).strip("_")[:40] or "unknown"
@@ -220,6 +235,69 @@ class _Metrics:
                 return "other"
             self._kinds.add(label)
         return label
+
+
+class _OwnCollector:
+    """The in-process metrics (used for the ratio; the registry holds them itself)."""
+
+    def __init__(self, m: _Metrics) -> None:
+        self._m = m
+
+    def collect(self):
+        return list(self._m.logical.collect()) + list(self._m.stored.collect())
+
+
+class _DirCollector:
+    """Every process's values in a multiprocess directory, summed, plus zero-valued
+    families for metrics no process has written yet (the daemon writes a metric's file
+    the first time it records it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        families = []
+        if os.path.isdir(self.path):
+            from prometheus_client import multiprocess
+            families = list(multiprocess.MultiProcessCollector(None, path=self.path).collect())
+        seen = {f.name for f in families}
+        return families + [f for f in _zero_families() if f.name not in seen]
+
+
+def _zero_families():
+    from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                        HistogramMetricFamily)
+    out = []
+    for _attr, kind, name, doc, extra in _SPEC:
+        full = "s4fs_" + name
+        if "labelnames" in extra:
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                full, doc, labels=extra["labelnames"])
+        elif kind == "counter":
+            fam = CounterMetricFamily(full, doc, value=0)
+        elif kind == "gauge":
+            fam = GaugeMetricFamily(full, doc, value=0)
+        else:
+            buckets = [(repr(float(b)), 0) for b in extra["buckets"]] + [("+Inf", 0)]
+            fam = HistogramMetricFamily(full, doc, buckets=buckets, sum_value=0)
+        out.append(fam)
+    return out
+
+
+class _Null:
+    """Accepts every metric call and does nothing."""
+
+    def __getattr__(self, name):
+        return self._ignore
+
+    def _ignore(self, *args, **kwargs):
+        return self
+
+
+_NULL = _Null()
 
 
 def _totals(families) -> tuple[float, float]:

@@ -45,6 +45,9 @@ EX_SOFTWARE = 70        # codec self-check failed
 EX_NOPERM = 77          # not entitled
 EX_CONFIG = 78          # bad configuration
 
+#: where the daemon of systemd/mnt-s4.mount writes its metrics (Environment= there)
+EXTERNAL_METRICS_DIR = "/run/s4fs-mount/metrics"
+
 
 def main(argv: list[str] | None = None, *, metering_client=None) -> int:
     """Run the service until SIGTERM; returns the exit status (see the module docstring).
@@ -142,7 +145,7 @@ class _Runner:
 
         cfg = self.cfg
         metrics_dir = self._metrics_dir()
-        metrics.use_multiprocess(metrics_dir)
+        metrics.serve_directory(metrics_dir)
         health = Health([ProbeCheck("mount", mount_probe(cfg.mountpoint)),
                          ProbeCheck("store", store_probe(cfg.store)),
                          codec, entitlement])
@@ -172,7 +175,8 @@ class _Runner:
             log.error("the mount did not come up: %s", exc)
             return EX_UNAVAILABLE
         log.info("mount is up: %s", detail)
-        sd_notify("READY=1", f"STATUS=serving {cfg.store} on {cfg.mountpoint}")
+        sd_notify("READY=1", f"STATUS=serving {cfg.store} on {cfg.mountpoint}; health on "
+                  f"{cfg.health.address}:{self.server.port}")
 
         while not self.stop.wait(1.0):
             if self.mount is not None and self.mount.exited() is not None:
@@ -223,18 +227,20 @@ class _Runner:
     # helpers -----------------------------------------------------------------------
 
     def _metrics_dir(self) -> str:
-        """Where every process writes its metrics (see s4fs.metrics). Under systemd it is
-        /run/s4fs/metrics (RuntimeDirectory=s4fs, emptied by systemd at each start)."""
+        """Where the mount daemon writes its metrics (see s4fs.metrics). A runner-managed
+        mount uses /run/s4fs/metrics under systemd (RuntimeDirectory=s4fs, emptied at each
+        start); a mount made by mnt-s4.mount writes to /run/s4fs-mount/metrics."""
         path = self.cfg.runner.metrics_dir
+        if not self.cfg.runner.manage_mount:
+            return path or EXTERNAL_METRICS_DIR     # theirs: read it, never write or clean
         if not path and os.environ.get("RUNTIME_DIRECTORY"):
             path = os.path.join(os.environ["RUNTIME_DIRECTORY"].split(":")[0], "metrics")
         if not path:
             path = self._tmp_metrics = tempfile.mkdtemp(prefix="s4fs-metrics-")
         os.makedirs(path, mode=0o755, exist_ok=True)
-        if self.cfg.runner.manage_mount:
-            # ours alone: values of an earlier run's processes would be summed in
-            for old in glob.glob(os.path.join(path, "*.db")):
-                os.unlink(old)
+        # ours alone: values left by an earlier run's processes would be summed in
+        for old in glob.glob(os.path.join(path, "*.db")):
+            os.unlink(old)
         return path
 
     def _install_signal_handlers(self) -> dict:
