@@ -344,7 +344,10 @@ class S3Store(Store):
             return PermissionDenied(f"{what}. No usable AWS credentials: set "
                                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, "
                                     "or an instance/container role.")
-        if f.code in ("ParamValidationError",):
+        if f.code == "RequestTimeTooSkewed":
+            return StoreError(f"{what}. This machine's clock is too far from S3's: "
+                              "synchronise it (NTP, chrony) and retry.")
+        if f.code == "ParamValidationError":
             return InvalidArgument(what)
         return StoreError(what)
 
