@@ -35,8 +35,8 @@ MiB = 1 << 20
 def fuzz(n: int):
     return settings(deadline=None, max_examples=n, suppress_health_check=[HealthCheck.too_slow])
 
-warnings.filterwarnings("ignore", message=".*quantiz.*")
-warnings.filterwarnings("ignore", message=".*ComplexHalf.*")
+pytestmark = [pytest.mark.filterwarnings("ignore:.*quantiz.*:UserWarning"),
+              pytest.mark.filterwarnings("ignore:.*ComplexHalf.*:UserWarning")]
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -327,29 +327,34 @@ def test_bounded_memory_and_throughput(record_property):
     assert len(data) > 190e6
     mv = memoryview(data)
     chunks = [mv[i:i + MiB] for i in range(0, len(data), MiB)]
-    tracemalloc.start()
-    try:
+
+    def parse_all() -> dict[str, int]:
         p = new_parser()
-        t0 = time.perf_counter()
-        n = 0
         kinds = {"raw": 0, "tensor": 0}
         for c in chunks:
             for s, v in p.feed(c):
-                n += len(v)
                 kinds[s.kind] += len(v)
         for s, v in p.finish():
-            n += len(v)
             kinds[s.kind] += len(v)
-        dt = time.perf_counter() - t0
+        return kinds
+
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        kinds = parse_all()
+        best = min(best, time.perf_counter() - t0)
+    assert sum(kinds.values()) == len(data)
+    assert kinds["raw"] < 200_000
+    tracemalloc.start()
+    try:
+        parse_all()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert n == len(data)
-    assert kinds["raw"] < 200_000
-    rate = len(data) / dt / 1e9
+    rate = len(data) / best / 1e9
     record_property("parse_GBps", round(rate, 1))
     print(f"\nparse throughput: {rate:.1f} GB/s ({len(data) / 1e6:.0f} MB in 1 MiB pieces, "
-          f"{dt * 1e3:.1f} ms), peak traced memory {peak / 1e6:.2f} MB")
+          f"{best * 1e3:.1f} ms), peak traced memory {peak / 1e6:.2f} MB")
     assert peak < 4 * MiB
     assert rate > 1.0
 

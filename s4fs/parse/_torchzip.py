@@ -21,7 +21,6 @@ signature and carry on from there; bytes it passes over are raw.
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 
@@ -35,8 +34,8 @@ DESCRIPTOR = b"PK\x07\x08"
 ZIP64_END = b"PK\x06\x06"
 ZIP64_LOCATOR = b"PK\x06\x07"
 END = b"PK\x05\x06"
-_DESC_SIG = re.compile(re.escape(DESCRIPTOR))
-_SYNC = re.compile(re.escape(b"PK") + b"(?:\x03\x04|\x01\x02|\x05\x06|\x06\x06|\x06\x07)")
+_DESCRIPTOR_TAIL = frozenset((DESCRIPTOR[2:],))
+_SYNC_TAILS = frozenset(sig[2:] for sig in (LOCAL, CENTRAL, ZIP64_END, ZIP64_LOCATOR, END))
 _LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")
 _U32 = 0xFFFFFFFF
 _DESC_LOOKAHEAD = 24            # enough to tell a 16-byte descriptor from a 24-byte one
@@ -108,7 +107,7 @@ class TorchZipMachine(Machine):
 
     def _st_hunt(self) -> bool:
         win = self.win
-        i = win.search(_SYNC, self._hunt_from)
+        i = win.search(_SYNC_TAILS, self._hunt_from)
         if i < 0:
             n = win.avail - 3
             if n > 0:
@@ -265,7 +264,7 @@ class TorchZipMachine(Machine):
     def _st_search(self) -> bool:
         win = self.win
         while True:
-            p = win.search(_DESC_SIG, self._search_from)
+            p = win.search(_DESCRIPTOR_TAIL, self._search_from)
             if p < 0:
                 self._search_from = max(self._search_from, win.avail - 3)
                 if win.avail > self.limits.record_cap + _DESC_LOOKAHEAD:

@@ -9,7 +9,10 @@ exactly once, in order, which is what makes the output lossless by construction.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_PK = re.compile(b"PK")     # a two-byte literal: re finds it at memchr speed
 
 @dataclass(frozen=True)
 class Segment:
@@ -117,23 +120,43 @@ class Window:
             self._merge = (-1, -1)
         return max(k, 0)
 
-    def search(self, pattern, start: int = 0, width: int = 4) -> int:
-        """Offset (from the first available byte) of the first match of a compiled
-        bytes regex whose matches are ``width`` bytes long, at or after ``start``; -1."""
+    def search(self, tails: frozenset, start: int = 0) -> int:
+        """Offset (from the first available byte) of the first ``PK`` followed by one of
+        the two-byte ``tails`` (a zip signature), at or after ``start``; -1 if none.
+
+        A ``PK`` too close to the end to read its tail is not reported: callers keep the
+        last three bytes back and search again when more arrive."""
         h = len(self.held)
-        if start < h:
-            m = pattern.search(self.held, start)
-            if m:
+        pos = start
+        while pos < h:
+            m = _PK.search(self.held, pos)
+            if not m:
+                break
+            if self._two(m.start() + 2) in tails:
                 return m.start()
-            if self._ipos < len(self._inp):
-                js = max(start, h - (width - 1))
-                junction = bytes(self.held[js:]) + \
-                    self._inp[self._ipos:self._ipos + width - 1].tobytes()
-                m = pattern.search(junction)
-                if m and m.start() < h - js:
-                    return js + m.start()
-        m = pattern.search(self._inp, self._ipos + max(0, start - h))
-        return h + m.start() - self._ipos if m else -1
+            pos = m.start() + 1
+        inp, ipos = self._inp, self._ipos
+        if (h and start < h and self.held[-1] == 0x50 and ipos < len(inp)
+                and inp[ipos] == 0x4B and self._two(h + 1) in tails):
+            return h - 1
+        pos = ipos + max(0, start - h)
+        while True:
+            m = _PK.search(inp, pos)
+            if not m:
+                return -1
+            off = h + m.start() - ipos
+            if self._two(off + 2) in tails:
+                return off
+            pos = m.start() + 1
+
+    def _two(self, off: int) -> bytes:
+        """The (up to) two bytes at ``off`` from the first available byte."""
+        h = len(self.held)
+        if off + 2 <= h:
+            return bytes(self.held[off:off + 2])
+        head = bytes(self.held[off:]) if off < h else b""
+        a = self._ipos + max(0, off - h)
+        return head + self._inp[a:a + 2 - len(head)].tobytes()
 
     # -- classifying -------------------------------------------------------------------
 
