@@ -306,7 +306,7 @@ class S3Store(Store):
                     raise
                 elapsed = time.monotonic() - started
                 if failure.kind != _FINAL and attempt < opts.max_attempts:
-                    ceiling = min(opts.backoff_max, opts.backoff_base * 2 ** (attempt - 1))
+                    ceiling = min(opts.backoff_max, opts.backoff_base * 2.0 ** min(attempt - 1, 64))
                     delay = random.uniform(0, ceiling)          # full jitter
                     if elapsed + delay <= opts.retry_seconds:
                         with self._lock:
@@ -411,7 +411,8 @@ class S3Store(Store):
             Bucket=bucket, Key=full, **self._put_args)["UploadId"])
         try:
             parts = []
-            step = max(self.options.part_size, 5 * MiB)
+            # S3: parts of at least 5 MiB (but the last), at most 10,000 of them
+            step = max(self.options.part_size, 5 * MiB, -(-view.nbytes // 10_000))
             for number, offset in enumerate(range(0, view.nbytes, step), start=1):
                 body = view[offset:offset + step].tobytes()
                 response = self._call("put", key, lambda: client.upload_part(
