@@ -6,6 +6,8 @@
 #                     [--public-key-version N] [--s4fs-bin PATH] [--mount-unit]
 #                     [--force-config] [--start] [--root DIR]
 #
+# --s4fs-bin defaults to /opt/s4fs/bin/s4fs (the image's venv), else `command -v s4fs`.
+#
 # * creates the system user and group s4fs (no shell, no home);
 # * writes /etc/s4fs/config.toml from deploy/config.example.toml (root:s4fs 0640),
 #   unless it exists (--force-config replaces it);
@@ -16,8 +18,9 @@
 #   mountpoint, with the runner set to manage_mount = false), reloads systemd and
 #   enables the runner; --start also starts it.
 #
-# --root DIR installs into DIR instead of / (for images and tests): nothing is started
-# and the user is added to DIR/etc/passwd. Running it again is safe.
+# --root DIR installs into DIR instead of / (for images and tests): nothing is started,
+# the user is added to DIR/etc/passwd and --s4fs-bin is a path inside DIR. Running it
+# again is safe.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,7 +51,7 @@ while [ $# -gt 0 ]; do
         --mount-unit) mount_unit=1; shift ;;
         --force-config) force_config=1; shift ;;
         --start) start=1; shift ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -136,29 +139,30 @@ else
 fi
 command -v fusermount3 >/dev/null || say "warning: fusermount3 is missing; install it (apt-get install fuse3)"
 
-# --- commands -------------------------------------------------------------------------
+# --- commands ---------------------------------------------------------------------------
+# with --root, --s4fs-bin and the default /opt/s4fs are paths inside that root
 if [ -z "$s4fs_bin" ]; then
-    if [ -x /opt/s4fs/bin/s4fs ]; then
+    if [ -x "$root/opt/s4fs/bin/s4fs" ]; then
         s4fs_bin=/opt/s4fs/bin/s4fs             # where deploy/image puts it
-    else
+    elif [ -z "$root" ]; then
         s4fs_bin="$(command -v s4fs || true)"
     fi
 fi
-if [ -z "$s4fs_bin" ] || [ ! -x "$s4fs_bin" ]; then
+if [ -z "$s4fs_bin" ] || [ ! -x "$root$s4fs_bin" ]; then
     die "cannot find the s4fs command; install s4fs first or pass --s4fs-bin PATH"
 fi
 helper="$(dirname "$s4fs_bin")/mount.fuse.s4fs"
-link() {    # link TARGET NAME, unless NAME is TARGET already
-    if [ "$(readlink -f "$2" 2>/dev/null)" != "$(readlink -f "$1")" ]; then
+link() {    # link TARGET NAME, unless NAME points at TARGET already
+    if [ "$(readlink "$2" 2>/dev/null)" != "$1" ] && [ "$2" != "$root$1" ]; then
         ln -sfn "$1" "$2"
-        say "linked $2 -> $1"
+        say "linked ${2#"$root"} -> $1"
     fi
 }
 link "$s4fs_bin" "$root/usr/local/bin/s4fs"
-if [ -x "$helper" ]; then
+if [ -x "$root$helper" ]; then
     link "$helper" "$root/sbin/mount.fuse.s4fs"
 else
-    say "warning: $helper is missing; mount -t fuse.s4fs and mnt-s4.mount need it"
+    say "warning: $helper is missing; mount -t fuse.s4fs and the mount unit need it"
 fi
 
 # --- units ----------------------------------------------------------------------------

@@ -555,7 +555,10 @@ def _throwaway_user():
     try:
         yield pwd.getpwnam(name)
     finally:
-        subprocess.run(["userdel", name], capture_output=True)
+        for _ in range(50):                  # its processes may take a moment to go
+            if subprocess.run(["userdel", name], capture_output=True).returncode in (0, 6):
+                break
+            time.sleep(0.1)
 
 
 def _children(pid: int) -> list[int]:
@@ -564,6 +567,18 @@ def _children(pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except OSError:
         return []
+
+
+def _kill_runner(proc) -> None:
+    """Teardown after a failure: the runner and the mount daemon it started (which runs
+    in its own session, so killing the runner alone would leave it behind)."""
+    if proc is None or proc.poll() is not None:
+        return
+    for pid in _children(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
 
 
 def _uid_of(pid: int) -> int:
@@ -643,9 +658,7 @@ def test_runner_as_non_root_user_mounts_reports_healthy_and_unmounts_on_sigterm(
             assert "unmounted" in out
             assert all(not os.path.exists(f"/proc/{p}") for p in daemons)
         finally:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _kill_runner(proc)
             if mounted_at(mnt):
                 subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
             notify.close()
@@ -677,9 +690,7 @@ def test_runner_exits_69_and_clears_the_mount_when_the_daemon_dies(tmp_path):
         assert "the mount daemon exited" in out
         assert mounted_at(str(mnt)) is None, "a dead FUSE mount was left behind"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_runner(proc)
         if mounted_at(str(mnt)):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         notify.close()
@@ -714,9 +725,7 @@ def test_runner_with_an_external_mount_waits_for_it_and_leaves_it(tmp_path):
         assert proc.returncode == 0, out[-2000:]
         assert mounted_at(str(mnt)) == "fuse.s4fs", "the runner unmounted a mount it did not make"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill_runner(proc)
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
         deadline = time.monotonic() + 10
         while mounted_at(str(mnt)) and time.monotonic() < deadline:

@@ -4,18 +4,20 @@
 # bit-exact. Any failure exits non-zero, which fails the Packer build: no image is made.
 set -euo pipefail
 
+prefix="${S4FS_PREFIX:-/opt/s4fs}"     # where build.sh installed s4fs
+
 echo "== GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 
 echo "== s4fs selftest --device cuda"
-if ! /opt/s4fs/bin/s4fs selftest --device cuda; then
+if ! "$prefix/bin/s4fs" selftest --device cuda; then
     echo "gate.sh: s4fs selftest --device cuda failed: the GPU round trip is not bit-exact" \
          "or the GPU codec is unusable; no image will be made" >&2
     exit 1
 fi
 
 echo "== the runner's own boot check"
-/opt/s4fs/bin/python - <<'PY'
+"$prefix/bin/python" - <<'PY'
 import sys
 from s4fs.service import selfcheck
 r = selfcheck.run("cuda")
