@@ -39,6 +39,7 @@ _SYNC_TAILS = frozenset(sig[2:] for sig in (LOCAL, CENTRAL, ZIP64_END, ZIP64_LOC
 _LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")
 _U32 = 0xFFFFFFFF
 _DESC_LOOKAHEAD = 24            # enough to tell a 16-byte descriptor from a 24-byte one
+_SEARCH_LOOKAHEAD = 26          # ... and see the signature after a 24-byte one
 
 
 class _Archive:
@@ -262,16 +263,16 @@ class TorchZipMachine(Machine):
         return True
 
     def _st_search(self) -> bool:
-        win = self.win
+        win, cap = self.win, self.limits.record_cap
         while True:
             p = win.search(_DESCRIPTOR_TAIL, self._search_from)
-            if p < 0:
+            if p < 0 or p > cap:
                 self._search_from = max(self._search_from, win.avail - 3)
-                if win.avail > self.limits.record_cap + _DESC_LOOKAHEAD:
-                    # too big to hold: give up on this record
-                    return self.rest_raw() if self._is_pickle else self.hunt(0)
-                return False
-            if not win.ensure(p + _DESC_LOOKAHEAD):
+                if win.avail < cap + _SEARCH_LOOKAHEAD:
+                    return False
+                # no descriptor within the cap: too big to hold, give up on this record
+                return self.rest_raw() if self._is_pickle else self.hunt(0)
+            if not win.ensure(p + _SEARCH_LOOKAHEAD):
                 self._search_from = p
                 return False
             n = self._found(win.held, p)
@@ -282,15 +283,17 @@ class TorchZipMachine(Machine):
             self._search_from = p + 1
 
     def _found(self, held: bytearray, p: int) -> int:
-        """Length of the descriptor at ``p`` if it closes a ``p``-byte record, else 0."""
+        """Length of the descriptor at ``p`` if it closes a ``p``-byte record, else 0.
+
+        Decided from the ``_SEARCH_LOOKAHEAD`` bytes at ``p`` only, so that how the
+        stream was split never changes the answer."""
         d = bytes(held[p:p + _DESC_LOOKAHEAD])
         n = descriptor_length(d, p, self._method, False)
         if not n:
             return 0
         if self._method == 0:
             return n if zlib.crc32(held[:p]) == struct.unpack_from("<I", d, 4)[0] else 0
-        nxt = held[p + n:p + n + 2]
-        return n if nxt in (b"PK", b"P", b"") else 0
+        return n if held[p + n:p + n + 2] == b"PK" else 0     # no CRC to check: a header
 
     def _scanned(self, data: bytes) -> None:
         scan = scan_pickle(data)
