@@ -856,3 +856,17 @@ def test_scan_of_a_large_data_pkl_is_quick():
     dt = time.perf_counter() - t0
     assert len(scan.storages) == 2000 and scan.names["1999"] == list(sd)[-1]
     assert dt < 2.0
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_tensor_subclasses_and_parameters_keep_their_names():
+    state = {"sub": torch.randn(3).as_subclass(_Sub),
+             "param": torch.nn.Parameter(torch.randn(2, 2)),
+             "buffers": [torch.arange(3)]}
+    data = save(state)
+    p, out = run(pieces_of(data, 10))
+    assert check_storages(state, segments(data, out), p) == {}
+    assert p.tensor_names() == {"data/0": "sub", "data/1": "param", "data/2": "buffers.0"}

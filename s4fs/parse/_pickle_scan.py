@@ -483,7 +483,10 @@ def _human_names(root) -> dict[str, str]:
 
         if isinstance(obj, _Obj):
             if isinstance(obj.args, tuple):
-                kids.extend((v, path, depth + 1) for v in obj.args)
+                for v in obj.args:
+                    if isinstance(v, tuple) and v and isinstance(v[0], _Storage):
+                        v = v[0]    # rebuild arguments passed on (_rebuild_from_type_v2)
+                    kids.append((v, path, depth + 1))
             keyed(obj.items or ())
             indexed(obj.elems or ())
             kids.append((obj.state, path, depth + 1))
