@@ -21,13 +21,17 @@ Contract:
 * A tensor segment's pieces add up to ``length`` bytes unless the stream ends first
   (a truncated file): then the segment is simply shorter, and ``finish()`` emits nothing
   more for it. Empty storages produce no segment.
+* The classification (segment kinds, dtypes, names, boundaries) depends only on the
+  bytes, never on how they were split into ``feed()`` calls.
 * Memory: tensor payloads (and long raw runs) come back as views of the buffer passed
   to ``feed()``, zero-copy; such a view is valid only until the caller's buffer changes,
   so use it (or copy it) before the next call. Pieces of bytes the parser had to hold back
   (headers, ``data.pkl``, small records, a split signature) are private copies that stay
-  valid. At most about ``ParserLimits.record_cap`` bytes are held at once.
+  valid. The parser holds at most about ``ParserLimits.record_cap`` (or ``header_cap``)
+  bytes plus what was left of the last ``feed()`` while it waits for more.
 * Classification never affects correctness, only the ratio: on anything unexpected the
-  parser resynchronises at the next zip signature or classifies the rest as raw.
+  parser resynchronises at the next zip signature or classifies the rest as raw. A
+  ``data.pkl`` over ``record_cap`` ends tensor-awareness: the rest of that stream is raw.
 * ``data.pkl`` is read by an opcode walker that never imports or calls anything.
 
 Formats: ``"torch-zip"`` (torch.save since 1.6, including several archives back to back
