@@ -710,6 +710,13 @@ def test_runner_with_an_external_mount_waits_for_it_and_leaves_it(tmp_path):
                           "--cache-dir", str(cache)], capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stderr
     notify = _Notify(str(tmp_path))
+    # a runner that would make its own mount refuses, and leaves the existing one alone
+    cfg = write_config(tmp_path / "own.toml",
+                       top=f'store = "{store}"\nmountpoint = "{mnt}"\ndevice = "cpu"')
+    res = subprocess.run([PY, "-m", "s4fs.cli", "runner", "--config", cfg],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == runner.EX_UNAVAILABLE and "already mounted" in res.stderr
+    assert mounted_at(str(mnt)) == "fuse.s4fs"
     cfg = write_config(tmp_path / "c.toml",
                        top=f'store = "{store}"\nmountpoint = "{mnt}"\ndevice = "cpu"',
                        runner=f'manage_mount = false\nmetrics_dir = "{tmp_path / "m"}"')

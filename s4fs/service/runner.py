@@ -210,15 +210,14 @@ class _Runner:
 
         from .supervisor import is_stale, sd_notify, unmount
         sd_notify("STOPPING=1")
-        if self.mount is not None:
+        if self.mount is not None and self.mount.pid is not None:
             if self.mount.exited() is None:
                 clean = self.mount.stop(self.cfg.runner.stop_timeout_s)
                 log.info("mount stopped %s", "cleanly" if clean else "with problems (see above)")
             elif is_stale(self.cfg.mountpoint):
                 log.warning("detaching the dead mount at %s", self.cfg.mountpoint)
                 unmount(self.cfg.mountpoint, lazy=True)
-            if self.mount.pid:
-                metrics.mark_process_dead(self.mount.pid)
+            metrics.mark_process_dead(self.mount.pid)
         if self.server is not None:
             self.server.stop()
         if self._tmp_metrics:

@@ -148,7 +148,11 @@ class MountProcess:
                 raise MountError("stop requested while waiting for the mount")
 
     def stop(self, timeout_s: float) -> bool:
-        """Unmount and wait for the daemon to exit; True when both happened cleanly."""
+        """Unmount and wait for the daemon to exit; True when both happened cleanly.
+        Does nothing unless this object started a daemon: a mount someone else made at
+        the mountpoint is never touched."""
+        if self.proc is None:
+            return True
         clean = True
         if mount_entry(self.mountpoint) is not None:
             deadline = time.monotonic() + min(5.0, timeout_s)
@@ -166,8 +170,6 @@ class MountProcess:
                         clean = False
                     break
                 time.sleep(0.25)
-        if self.proc is None:
-            return clean
         try:
             code = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
