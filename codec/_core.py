@@ -15,16 +15,25 @@ from s4fs.errors import BaseMismatchError, ChecksumError, CodecError, FormatErro
 
 from . import _container as C
 from . import _plane_codecs as P
-from . import _planes
+from . import _planes, _zstd_seq
 from ._dtypes import BY_CODE, DType, from_code, lookup
 
 
 @dataclass(frozen=True)
 class CpuProfile:
-    """How the CPU path codes planes. ``zstd_level`` 1 measured best for speed at equal
-    ratio on weights and optimizer state (bench/codec.py)."""
+    """How the CPU path codes planes (measurements in docs/benchmarks/codec.md).
+
+    * ``zstd_level`` for generic planes (mantissa bytes, integers, opaque bytes): level 1
+      catches zero runs and repeats, and passes random bytes at GB/s.
+    * exponent-like planes get Huffman-only deflate (the order-0 entropy; zstd's matching
+      costs 5-10 % there), or deflate RLE when more than ``rle_zeros`` of the plane is
+      zero bytes (unseen rows of optimizer state, deltas), where runs pay.
+    * ``layout`` None picks per dtype (``_planes.cpu_layout_for``); tests may force one.
+    """
 
     zstd_level: int = 1
+    rle_zeros: float = 0.02
+    layout: int | None = None
 
 
 DEFAULT_CPU = CpuProfile()
@@ -65,25 +74,63 @@ def xor(a, b) -> np.ndarray:
     return out
 
 
-def _encode_plane_cpu(plane, zstd: P.Zstd) -> tuple[int, int, bytes]:
-    n = len(memoryview(plane).cast("B")) if not isinstance(plane, np.ndarray) else plane.nbytes
+def _entropy_bits(arr: np.ndarray, sample: int = 1 << 16) -> float:
+    """Order-0 entropy (bits per byte) of a strided sample of ``arr``."""
+    step = max(1, arr.size // sample)
+    counts = np.bincount(arr[::step], minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def _is_const(arr: np.ndarray) -> bool:
+    return arr.size > 0 and not np.any(arr != arr[0])
+
+
+def _entropy_code(arr: np.ndarray, runs: bool) -> tuple[int, int, bytes | None]:
+    """Order-0 coding (plus zero runs when ``runs``) of one plane: a literal-only zstd
+    frame when python-zstandard's sequence API is there, else deflate."""
+    if _zstd_seq.available():
+        enc = _zstd_seq.encode(arr, runs=runs)
+        cid, major = P.ZSTD, P.Zstd.major
+    else:
+        enc = P.Deflate("rle" if runs else "huffman").encode(arr)
+        cid, major = P.DEFLATE, P.Deflate.major
+    return cid, major, enc if enc is not None and len(enc) < arr.size else None
+
+
+def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, bytes]:
+    arr = plane if isinstance(plane, np.ndarray) else np.frombuffer(plane, dtype=np.uint8)
+    n = arr.size
     if n == 0:
         return P.RAW, P.Raw.major, b""
-    enc = zstd.encode(plane)
+    if kind == _planes.ENTROPY:
+        zeros = n - np.count_nonzero(arr)
+        if zeros == n or (zeros == 0 and _is_const(arr)):
+            return P.CONST, P.Const.major, arr[:1].tobytes()
+        cid, major, enc = _entropy_code(arr, runs=zeros > profile.rle_zeros * n)
+    else:
+        enc = P.Zstd(profile.zstd_level).encode(arr)
+        cid, major = P.ZSTD, P.Zstd.major
+        if enc is not None and len(enc) < 48 and _is_const(arr):
+            return P.CONST, P.Const.major, arr[:1].tobytes()
+        best = n if enc is None else len(enc)
+        # zstd leaves literals raw unless Huffman saves > 1.6 %, and its matches can
+        # cost more than they save; a skewed byte plane (low mantissa bytes of partly
+        # low-precision tensors) still gains from plain Huffman coding
+        if best > 0.9 * n and _entropy_bits(arr) < 7.92 * best / n:
+            hid, hmajor, huff = _entropy_code(arr, runs=False)
+            if huff is not None and len(huff) < best:
+                enc, cid, major = huff, hid, hmajor
     if enc is None:
-        return P.RAW, P.Raw.major, bytes(plane)
-    if len(enc) < 48:
-        const = P.Const().encode(plane)
-        if const is not None:
-            return P.CONST, P.Const.major, const
-    return P.ZSTD, P.Zstd.major, enc
+        return P.RAW, P.Raw.major, arr
+    return cid, major, enc
 
 
-def encode_planes_cpu(planes, profile: CpuProfile = DEFAULT_CPU) -> list[tuple[int, int, int, bytes]]:
-    zstd = P.Zstd(profile.zstd_level)
+def encode_planes_cpu(planes, kinds, profile: CpuProfile = DEFAULT_CPU,
+                      ) -> list[tuple[int, int, int, bytes]]:
     out = []
-    for p in planes:
-        cid, major, payload = _encode_plane_cpu(p, zstd)
+    for p, kind in zip(planes, kinds):
+        cid, major, payload = _encode_plane_cpu(p, kind, profile)
         raw_len = p.nbytes if isinstance(p, np.ndarray) else len(p)
         out.append((cid, major, raw_len, payload))
     return out
@@ -121,7 +168,7 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     dt = lookup(dtype)
     if _use_gpu(device, data):
         from . import gpu
-        return gpu.compress(data, dt, base=base)
+        return gpu.compress(data, dt, base=base, profile=profile)
     raw = as_bytes(data)
     return compress_cpu(raw, dt, base=base, profile=profile or DEFAULT_CPU)
 
@@ -139,9 +186,9 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
                 f"exactly as long as the data")
         base_sum = checksum(b)
         src = memoryview(xor(raw, b))
-    layout = _planes.layout_for(dt)
+    layout = _planes.cpu_layout_for(dt) if profile.layout is None else profile.layout
     planes = _planes.split(src, dt, layout)
-    coded = encode_planes_cpu(planes, profile)
+    coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
     return pack_chunk(dt, layout, data_sum, base_sum, src, coded)
 
 
@@ -155,7 +202,10 @@ def _use_gpu(device: str, data=None) -> bool:
     if device != "auto":
         raise CodecError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
     from ._probe import gpu_available
-    return gpu_available()
+    if not gpu_available():
+        return False
+    from . import gpu
+    return data is None or gpu.prefers(data)
 
 
 def decompress(blob, *, base=None, device: str = "auto") -> bytes:
@@ -172,7 +222,7 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
     if not head.delta and base is not None:
         raise BaseMismatchError("this blob is not a delta, but a base was given")
     dt = from_code(head.dtype_code)
-    if head.layout not in (_planes.FLAT, _planes.FLOAT, _planes.BYTES):
+    if head.layout not in _planes.LAYOUTS:
         from s4fs.errors import UnsupportedVersionError
         raise UnsupportedVersionError(
             f"blob uses plane layout {head.layout}, unknown to this s4fs; upgrade s4fs")

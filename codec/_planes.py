@@ -9,6 +9,16 @@ Layouts (the number is written into the blob):
   planes (most significant first). Words of 8 bits or fewer keep exponent and mantissa
   together in one 7-bit "magnitude" plane.
 * ``BYTES`` — byte-grouped: plane *k* holds byte *k* of every element (integer storages).
+* ``FLOAT_SM`` — for float words with an 8-bit exponent and a mantissa of 8k+7 bits
+  (bf16, fp32, complex64): the exponent byte first, then the sign folded into the top
+  7 mantissa bits as one byte, then the remaining mantissa bytes (most significant
+  first). Same information as ``FLOAT`` in whole bytes: the exponent plane gets the
+  entropy coder and the rest is stored as it is unless it measurably compresses, which
+  is what makes the CPU path fast. Split and merge are uint8 column operations.
+* ``SIGN_BYTES`` — for fp16 (and complex32): sign bits packed 8 to a byte (little bit
+  order), then the words without their sign bit as byte planes, most significant first
+  (exponent + top mantissa bits, then the low mantissa byte). Huffman codes the 7-bit
+  exponent byte 0.05 % tighter than the byte with the sign in it.
 
 Any bytes past the last whole word/element form a last ``tail`` plane.
 """
@@ -22,6 +32,14 @@ from ._dtypes import DType
 FLAT = 0
 FLOAT = 1
 BYTES = 2
+FLOAT_SM = 3
+SIGN_BYTES = 4
+
+LAYOUTS = (FLAT, FLOAT, BYTES, FLOAT_SM, SIGN_BYTES)
+
+# what a plane holds, so the CPU path can pick a plane codec without trying them all
+ENTROPY = "entropy"     # skewed symbols, few repeats (exponents): Huffman coding
+GENERIC = "generic"     # anything else (mantissa bytes, integers, opaque bytes): zstd
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -34,8 +52,51 @@ def layout_for(dt: DType) -> int:
     return FLAT
 
 
+def cpu_layout_for(dt: DType) -> int:
+    """The layout the CPU path writes (``layout_for`` is the one the GPU path writes;
+    every reader decodes both)."""
+    if _sm_ok(dt):
+        return FLOAT_SM
+    if dt.is_float and dt.word == 1:
+        return FLAT              # fp8: a Huffman-coded byte is sign + magnitude already
+    if dt.is_float and dt.word == 2:
+        return SIGN_BYTES        # fp16, complex32
+    if dt.itemsize > 1:
+        return BYTES             # fp64, complex128, integers: byte-grouped
+    return FLAT
+
+
+def _sm_ok(dt: DType) -> bool:
+    return dt.is_float and dt.ebits == 8 and dt.mbits % 8 == 7 and dt.word in (2, 4)
+
+
+def plane_kinds(dt: DType, layout: int, raw_len: int) -> list[str]:
+    """ENTROPY or GENERIC for every plane of :func:`plane_sizes`."""
+    sizes = plane_sizes(dt, layout, raw_len)
+    kinds = [GENERIC] * len(sizes)
+    if layout == FLAT:
+        if dt.is_float:
+            kinds[0] = ENTROPY
+    elif layout == FLOAT_SM:
+        kinds[0] = ENTROPY
+    elif layout == SIGN_BYTES:
+        kinds[1] = ENTROPY
+    elif layout == FLOAT:
+        kinds[1] = ENTROPY
+        if dt.ebits + dt.mbits > 7 and dt.ebits > 8:
+            kinds[2] = ENTROPY
+    elif layout == BYTES and dt.is_float:
+        # little endian: the top byte of each float word holds sign and exponent bits,
+        # and so does the next one when the exponent is wider than 7 bits
+        for end in range(dt.word, dt.itemsize + 1, dt.word):
+            kinds[end - 1] = ENTROPY
+            if dt.ebits > 7 and dt.word > 1:
+                kinds[end - 2] = ENTROPY
+    return kinds
+
+
 def _unit(dt: DType, layout: int) -> int:
-    if layout == FLOAT:
+    if layout in (FLOAT, FLOAT_SM, SIGN_BYTES):
         return dt.word
     if layout == BYTES:
         return dt.itemsize
@@ -52,8 +113,10 @@ def plane_sizes(dt: DType, layout: int, raw_len: int) -> list[int]:
     n, tail = divmod(raw_len, unit)
     if layout == FLAT:
         return [raw_len]
-    if layout == BYTES:
+    if layout in (BYTES, FLOAT_SM):
         sizes = [n] * unit
+    elif layout == SIGN_BYTES:
+        sizes = [(n + 7) // 8] + [n] * unit
     else:
         sizes = [(n + 7) // 8]
         if dt.ebits + dt.mbits <= 7:
@@ -74,8 +137,15 @@ def split(data: memoryview, dt: DType, layout: int) -> list[memoryview | np.ndar
     body = np.frombuffer(data, dtype=np.uint8, count=n * unit)
     planes: list = []
     if layout == BYTES:
-        grid = body.reshape(n, unit)
-        planes = [np.ascontiguousarray(grid[:, k]) for k in range(unit)]
+        planes = list(body.reshape(n, unit).T.copy())     # one transposing copy
+    elif layout == FLOAT_SM:
+        planes = _split_sm(body.reshape(n, unit))
+    elif layout == SIGN_BYTES:
+        rows = body.reshape(n, unit).T.copy()
+        hi = rows[unit - 1]
+        sign = np.packbits(hi >> 7, bitorder="little")
+        hi &= 0x7F
+        planes = [sign] + [rows[k] for k in range(unit - 1, -1, -1)]
     else:
         planes = _split_float(body.view(_UINT[unit]), dt, unit * 8)
     if tail:
@@ -96,6 +166,39 @@ def _split_float(words: np.ndarray, dt: DType, bits: int) -> list[np.ndarray]:
     return out
 
 
+def _split_sm(grid: np.ndarray) -> list[np.ndarray]:
+    unit = grid.shape[1]
+    if unit == 2:                  # bf16: whole-word ops beat strided byte columns
+        w = grid.reshape(-1).view(np.uint16)
+        t = w >> 7
+        exp = t.astype(np.uint8)
+        np.right_shift(w, 8, out=t)
+        t &= 0x80
+        t |= w & 0x7F
+        return [exp, t.astype(np.uint8)]
+    rows = grid.T.copy()           # one transposing copy, then in-place byte ops
+    hi, nxt = rows[unit - 1], rows[unit - 2]            # s|e7 and e0|m7
+    exp = np.left_shift(hi, 1)
+    exp |= nxt >> 7
+    nxt &= 0x7F
+    nxt |= hi & 0x80                                    # now s|m7
+    return [exp, nxt] + [rows[k] for k in range(unit - 3, -1, -1)]
+
+
+def _merge_sm(grid: np.ndarray, planes: list, n: int) -> None:
+    unit = grid.shape[1]
+    exp = np.frombuffer(planes[0], dtype=np.uint8, count=n)
+    sm = np.frombuffer(planes[1], dtype=np.uint8, count=n)
+    hi = exp >> 1
+    hi |= sm & 0x80
+    nxt = np.left_shift(exp, 7)
+    nxt |= sm & 0x7F
+    grid[:, unit - 1] = hi
+    grid[:, unit - 2] = nxt
+    for i, k in enumerate(range(unit - 3, -1, -1)):
+        grid[:, k] = np.frombuffer(planes[2 + i], dtype=np.uint8, count=n)
+
+
 def _byte_planes(field: np.ndarray, nbytes: int, ut) -> list[np.ndarray]:
     if nbytes == 1:
         return [field.astype(np.uint8)]
@@ -113,6 +216,17 @@ def merge(planes: list, dt: DType, layout: int, raw_len: int) -> bytes:
         grid = out[: n * unit].reshape(n, unit)
         for k in range(unit):
             grid[:, k] = np.frombuffer(planes[k], dtype=np.uint8, count=n)
+    elif layout == FLOAT_SM:
+        _merge_sm(out[: n * unit].reshape(n, unit), planes, n)
+    elif layout == SIGN_BYTES:
+        grid = out[: n * unit].reshape(n, unit)
+        sign = np.unpackbits(np.frombuffer(planes[0], dtype=np.uint8), count=n,
+                             bitorder="little")
+        sign <<= 7
+        sign |= np.frombuffer(planes[1], dtype=np.uint8, count=n)
+        grid[:, unit - 1] = sign
+        for i, k in enumerate(range(unit - 2, -1, -1)):
+            grid[:, k] = np.frombuffer(planes[2 + i], dtype=np.uint8, count=n)
     else:
         _merge_float(out[: n * unit].view(_UINT[unit]), planes, dt, unit * 8, n)
     if tail:
