@@ -1,15 +1,124 @@
-"""GPU backend of s4fs.codec (nvCOMP ANS / GDeflate through CuPy). Imported lazily."""
+"""GPU backend of s4fs.codec: fused split/merge kernels, nvCOMP ANS / GDeflate / Deflate,
+batched over whole checkpoints. Imported lazily; importing it never imports CuPy or
+nvCOMP (they load on first use).
+
+    from s4fs.codec import gpu
+    blobs = gpu.compress_many([(t, "bfloat16") for t in tensors])      # CUDA tensors
+    out = gpu.decompress_many(blobs, out="device")                    # CuPy arrays
+
+Blobs use the same chunk container as the CPU path: ``s4fs.codec.decompress`` reads
+them (planes coded with nvCOMP ANS need a GPU; ``PORTABLE`` blobs decode anywhere), and
+the GPU decodes CPU blobs. See docs/GPU.md.
+"""
 
 from __future__ import annotations
 
+import functools
+
 from s4fs.errors import CodecUnavailableError
+
+from . import _codecs
+from ._profiles import DEFAULT, GDEFLATE_MANTISSA, PORTABLE, PROFILES, GpuProfile
+
+_codecs.register()
+
+__all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
+           "decompress_many", "decompress_planes", "prefers", "GpuProfile", "DEFAULT",
+           "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version"]
+
+# host buffers smaller than this stay on the CPU under device="auto"
+AUTO_MIN_HOST_BYTES = 1 << 20
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """Why the GPU codec cannot run here, or ``None`` when it can (probed once)."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a CUDA library that fails to load
+        return f"cupy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        from nvidia import nvcomp  # noqa: F401
+    except Exception as exc:
+        return f"nvidia-nvcomp is not importable ({type(exc).__name__}: {exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"no usable CUDA device ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return "no CUDA device is visible"
+    return None
 
 
 def is_available() -> bool:
-    return False
+    """True when a CUDA device, CuPy and nvCOMP are all usable."""
+    return unavailable_reason() is None
 
 
 def require() -> None:
-    raise CodecUnavailableError(
-        "device='cuda' needs a CUDA GPU with nvidia-nvcomp and cupy "
-        "(pip install 's4fs[gpu]' or 's4fs[gpu-cu13]')")
+    """Raise :class:`CodecUnavailableError`, saying what is missing, unless usable."""
+    why = unavailable_reason()
+    if why is not None:
+        raise CodecUnavailableError(
+            f"device='cuda' needs a CUDA GPU with nvidia-nvcomp and cupy, but {why}; "
+            f"install them with pip install 's4fs[gpu]' (CUDA 12) or 's4fs[gpu-cu13]' "
+            f"(CUDA 13), or use device='cpu'")
+
+
+def nvcomp_version() -> tuple[int, int, int] | None:
+    return _codecs.installed_nvcomp_version()
+
+
+def prefers(data) -> bool:
+    """Whether ``device="auto"`` should code ``data`` on the GPU: device-resident data
+    always; host buffers from ``AUTO_MIN_HOST_BYTES`` up (below, the copies and launches
+    cost more than the CPU codec)."""
+    mod = type(data).__module__
+    if mod.startswith("torch"):
+        if getattr(data, "is_cuda", False):
+            return True
+        return data.numel() * data.element_size() >= AUTO_MIN_HOST_BYTES
+    if mod.startswith("cupy") or hasattr(data, "__cuda_array_interface__"):
+        return True
+    try:
+        return memoryview(data).nbytes >= AUTO_MIN_HOST_BYTES
+    except TypeError:
+        return False
+
+
+def compress(data, dt, *, base=None, profile=None) -> bytes:
+    """One chunk on the GPU (``s4fs.codec.compress(device="cuda")`` lands here).
+    ``profile`` is a :class:`GpuProfile`; anything else means the default."""
+    from ._encode import compress_many as _many
+    return _many([(data, dt, base)], profile=profile, out="bytes")[0]
+
+
+def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes") -> list:
+    """Compress a whole batch (e.g. every chunk of a checkpoint) in a few launches.
+
+    ``items``: ``(data, dtype)`` or ``(data, dtype, base)``; data and base are torch
+    CUDA tensors, CuPy arrays or host buffers (staged through pinned memory). ``out``:
+    ``"bytes"``, ``"host"`` (memoryviews into one pinned buffer, no extra copy) or
+    ``"device"`` (CuPy views into one device buffer).
+    """
+    from ._encode import compress_many as _many
+    return _many(items, profile=profile, out=out)
+
+
+def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = True) -> list:
+    """Decode a batch of blobs (host bytes-likes or device arrays) in a few launches.
+
+    ``bases``: one delta base or ``None`` per blob. ``out`` as for
+    :func:`compress_many`; ``"device"`` leaves the results on the GPU (CuPy arrays;
+    ``torch.as_tensor(a, device="cuda")`` wraps one without a copy). Every result is
+    checked against its recorded checksum on the device unless ``verify=False``.
+    """
+    from ._decode import decompress_many as _many
+    return _many(blobs, bases, out=out, verify=verify)
+
+
+def decompress_planes(blob, head, dt) -> bytes:
+    """The merged planes of one blob (before a delta base is XOR-ed back in); used by
+    ``s4fs.codec.decompress``, which XORs the base and checks the checksum itself."""
+    from ._decode import decompress_many as _many
+    return _many([blob], out="bytes", planes_only=True)[0]

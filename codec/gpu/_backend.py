@@ -1,0 +1,285 @@
+"""Where the GPU pipeline runs: CuPy + nvCOMP on a CUDA device, or a CPU emulation.
+
+The pipeline (``_pipeline``) only talks to a backend: device buffers, copies, kernel
+launches and batched nvCOMP calls over one buffer carved by offsets. ``CudaBackend``
+is the real thing; ``EmulatedBackend`` runs the same kernels compiled for the CPU and
+stands zlib in for nvCOMP, so the pipeline's logic is tested where no GPU exists. Its
+blobs record nvCOMP version 255.0.0, so a real GPU refuses their ANS planes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from s4fs.errors import CodecUnavailableError, FormatError
+
+from . import _kernels
+
+ALGORITHMS = {"ans": "ANS", "gdeflate": "GDeflate", "deflate": "Deflate"}
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One nvCOMP codec configuration (what a batch is coded with)."""
+
+    name: str                  # "ans" | "gdeflate" | "deflate"
+    level: int = 0             # (G)Deflate algorithm_type
+    chunk: int = 1 << 16
+
+    @property
+    def option(self) -> int:
+        return self.level if self.name != "ans" else 0
+
+
+def _round(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class CudaBackend:
+    """CuPy buffers and kernels, nvCOMP batches, all on one CUDA stream."""
+
+    emulated = False
+
+    def __init__(self, device_id: int | None = None) -> None:
+        import cupy
+        from nvidia import nvcomp
+        self.cp, self.nv = cupy, nvcomp
+        self.device = cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.Device().id)
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=False)
+            self._module = cupy.RawModule(code=_kernels.source(),
+                                          name_expressions=_kernels.expressions())
+        self._fns: dict[str, object] = {}
+        self._codecs: dict[CodecSpec, object] = {}
+        self._bounds: dict[tuple[CodecSpec, int], int] = {}
+        v = nvcomp.__version__.split(".")
+        self.nvcomp_version = tuple(int(x) for x in (v + ["0", "0"])[:3])
+
+    # ---- memory
+    def empty(self, nbytes: int):
+        with self.device, self.stream:
+            return self.cp.empty(max(int(nbytes), 1), dtype=self.cp.uint8)
+
+    def zeros(self, nbytes: int):
+        with self.device, self.stream:
+            return self.cp.zeros(max(int(nbytes), 1), dtype=self.cp.uint8)
+
+    @staticmethod
+    def ptr(arr) -> int:
+        return int(arr.data.ptr)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        mem = self.cp.cuda.alloc_pinned_memory(max(int(nbytes), 1))
+        return np.frombuffer(mem, dtype=np.uint8, count=max(int(nbytes), 1))
+
+    def upload(self, dst, offset: int, host: np.ndarray) -> None:
+        """Asynchronous host-to-device copy of ``host`` (pinned for overlap) at ``offset``."""
+        n = host.nbytes
+        if n:
+            self.cp.cuda.runtime.memcpyAsync(self.ptr(dst) + offset, host.ctypes.data, n,
+                                             self.cp.cuda.runtime.memcpyHostToDevice,
+                                             self.stream.ptr)
+
+    def download(self, src, offset: int, out: np.ndarray) -> None:
+        n = out.nbytes
+        if n:
+            self.cp.cuda.runtime.memcpyAsync(out.ctypes.data, self.ptr(src) + offset, n,
+                                             self.cp.cuda.runtime.memcpyDeviceToHost,
+                                             self.stream.ptr)
+
+    def copy(self, dst_ptr: int, src_ptr: int, n: int) -> None:
+        if n:
+            self.cp.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, n,
+                                             self.cp.cuda.runtime.memcpyDeviceToDevice,
+                                             self.stream.ptr)
+
+    def xor_into(self, dst_ptr: int, a_ptr: int, b_ptr: int, n: int) -> None:
+        cp = self.cp
+        mk = lambda p: cp.ndarray((n,), cp.uint8, cp.cuda.MemoryPointer(
+            cp.cuda.UnownedMemory(p, n, self), 0))
+        with self.device, self.stream:
+            cp.bitwise_xor(mk(a_ptr), mk(b_ptr), out=mk(dst_ptr))
+
+    def view(self, arr, offset: int, n: int):
+        return arr[offset: offset + n]
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def wait_external(self, obj) -> None:
+        """Order this stream after the work torch queued for a tensor (no host wait)."""
+        import torch
+        ts = torch.cuda.current_stream(obj.device)
+        if ts.cuda_stream == 0:
+            return                      # legacy default stream: our blocking stream syncs with it
+        ev = self.cp.cuda.Event()
+        ev.record(self.cp.cuda.ExternalStream(ts.cuda_stream))
+        self.stream.wait_event(ev)
+
+    # ---- kernels
+    def launch(self, name: str, grid: tuple[int, int], block: int, args: list[int]) -> None:
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = self._module.get_function(name)
+        fn(grid, (block,), tuple(np.uint64(a) for a in args), stream=self.stream)
+
+    # ---- nvCOMP
+    def _codec(self, spec: CodecSpec):
+        c = self._codecs.get(spec)
+        if c is None:
+            nv = self.nv
+            kw = dict(algorithm=ALGORITHMS[spec.name], device_id=self.device.id,
+                      cuda_stream=self.stream.ptr, uncomp_chunk_size=spec.chunk,
+                      bitstream_kind=nv.BitstreamKind.RAW)
+            if spec.name == "ans":
+                kw["data_type"] = "|u1"
+            else:
+                kw["algorithm_type"] = spec.level
+            c = self._codecs[spec] = nv.Codec(**kw)
+        return c
+
+    def max_compressed(self, spec: CodecSpec) -> int:
+        key = (spec, spec.chunk)
+        if key not in self._bounds:
+            probe = self.empty(spec.chunk)
+            arr = self.nv.as_array(probe, self.stream.ptr)
+            self._bounds[key] = int(self._codec(spec).get_max_comp_buffer_size(arr))
+        return self._bounds[key]
+
+    def decompress_alignment(self, spec: CodecSpec) -> int:
+        return max(16, int(self._codec(spec).get_required_decompression_alignment()))
+
+    def encode(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
+               dst, dst_off: list[int], cap: int) -> np.ndarray:
+        nv = self.nv
+        codec = self._codec(spec)
+        ins = nv.as_arrays(src, src_off, sizes, self.stream.ptr)
+        outs = nv.as_arrays(dst, dst_off, [cap] * len(dst_off), self.stream.ptr)
+        res = codec.encode(ins, out=outs)
+        return np.asarray(res.buffer_sizes, dtype=np.int64)
+
+    def decode(self, spec: CodecSpec, src, src_off: list[int], src_sizes: list[int],
+               dst, dst_off: list[int], dst_sizes: list[int]) -> None:
+        nv = self.nv
+        codec = self._codec(spec)
+        ins = nv.as_arrays(src, src_off, src_sizes, self.stream.ptr)
+        outs = nv.as_arrays(dst, dst_off, dst_sizes, self.stream.ptr)
+        cfg = codec.decompression_config(codec.compression_config(list(dst_sizes)))
+        try:
+            codec.decode(ins, out=outs, decompression_config=cfg)
+        except (RuntimeError, ValueError) as exc:
+            raise FormatError(f"nvCOMP {ALGORITHMS[spec.name]} could not decode a chunk "
+                              f"(corrupt data?): {exc}") from None
+
+
+class EmulatedBackend:
+    """The same pipeline on the CPU: kernels compiled as C++, zlib standing in for nvCOMP."""
+
+    emulated = True
+    nvcomp_version = (255, 0, 0)
+
+    def __init__(self) -> None:
+        from ._emulate import EmulatedKernels
+        self._kernels = EmulatedKernels(_kernels.expressions())
+        self._keep: list[np.ndarray] = []
+
+    def empty(self, nbytes: int) -> np.ndarray:
+        n = max(int(nbytes), 1)
+        raw = np.empty(n + 256, dtype=np.uint8)
+        off = (-raw.ctypes.data) % 256
+        return raw[off: off + n]
+
+    def zeros(self, nbytes: int) -> np.ndarray:
+        a = self.empty(nbytes)
+        a[:] = 0
+        return a
+
+    @staticmethod
+    def ptr(arr) -> int:
+        return int(arr.ctypes.data)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return self.empty(nbytes)
+
+    def upload(self, dst, offset: int, host: np.ndarray) -> None:
+        dst[offset: offset + host.nbytes] = host.reshape(-1).view(np.uint8)
+
+    def download(self, src, offset: int, out: np.ndarray) -> None:
+        out.reshape(-1).view(np.uint8)[:] = src[offset: offset + out.nbytes]
+
+    def copy(self, dst_ptr: int, src_ptr: int, n: int) -> None:
+        if n:
+            ctypes.memmove(dst_ptr, src_ptr, n)
+
+    def xor_into(self, dst_ptr: int, a_ptr: int, b_ptr: int, n: int) -> None:
+        if n:
+            a = np.frombuffer((ctypes.c_uint8 * n).from_address(a_ptr), dtype=np.uint8)
+            b = np.frombuffer((ctypes.c_uint8 * n).from_address(b_ptr), dtype=np.uint8)
+            d = np.frombuffer((ctypes.c_uint8 * n).from_address(dst_ptr), dtype=np.uint8)
+            np.bitwise_xor(a, b, out=d)
+
+    def view(self, arr, offset: int, n: int):
+        return arr[offset: offset + n]
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_external(self, obj) -> None:
+        pass
+
+    def launch(self, name: str, grid: tuple[int, int], block: int, args: list[int]) -> None:
+        # small blocks keep the emulation quick; results do not depend on the shape
+        self._kernels.launch(name, grid, block, args)
+
+    def max_compressed(self, spec: CodecSpec) -> int:
+        return spec.chunk + spec.chunk // 8 + 64
+
+    def decompress_alignment(self, spec: CodecSpec) -> int:
+        return 16
+
+    def encode(self, spec, src, src_off, sizes, dst, dst_off, cap) -> np.ndarray:
+        out = np.empty(len(sizes), dtype=np.int64)
+        for i, (so, n, do) in enumerate(zip(src_off, sizes, dst_off)):
+            z = zlib.compressobj(1, zlib.DEFLATED, -15)
+            c = z.compress(src[so: so + n].tobytes()) + z.flush()
+            assert len(c) <= cap
+            dst[do: do + len(c)] = np.frombuffer(c, dtype=np.uint8)
+            out[i] = len(c)
+        return out
+
+    def decode(self, spec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
+        for so, sn, do, dn in zip(src_off, src_sizes, dst_off, dst_sizes):
+            d = zlib.decompressobj(-15)
+            try:
+                piece = d.decompress(src[so: so + sn].tobytes(), dn)
+            except zlib.error as exc:
+                raise FormatError(f"emulated nvCOMP could not decode a chunk: {exc}") from None
+            dst[do: do + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+
+
+_local = threading.local()
+
+
+def cuda_backend(device_id: int | None = None) -> CudaBackend:
+    """This thread's backend for a device (nvCOMP codecs are per thread)."""
+    cache = getattr(_local, "backends", None)
+    if cache is None:
+        cache = _local.backends = {}
+    key = device_id
+    b = cache.get(key)
+    if b is None:
+        try:
+            b = cache[key] = CudaBackend(device_id)
+        except ImportError as exc:
+            raise CodecUnavailableError(
+                f"the GPU codec needs cupy and nvidia-nvcomp: {exc}") from None
+    return b
+
+
+def round_up(n: int, a: int) -> int:
+    return _round(n, a)

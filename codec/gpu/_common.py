@@ -1,0 +1,339 @@
+"""Pieces the GPU encoder and decoder share: input staging, batched XXH3, batched copies,
+split/merge launches, the plane plan and the container header."""
+
+from __future__ import annotations
+
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from s4fs.errors import CodecError
+
+from .. import _container as C
+from .. import _plane_codecs as P
+from .. import _planes
+from .._dtypes import DType
+from . import _kernels as K
+from ._backend import CodecSpec, round_up
+from ._profiles import GpuProfile
+
+ALIGN = 256             # every plane and staged buffer starts on this boundary
+MIN_CODED = 64          # planes shorter than this are stored raw
+SEG_MAX = 1 << 18       # copy segments are cut to at most this many bytes
+PIECE = 32 << 20        # host staging copies overlap in pieces of this size
+MAX_GRID_Y = 65535
+
+CODEC_IDS = {"ans": P.NVCOMP_ANS, "gdeflate": P.NVCOMP_GDEFLATE, "deflate": P.NVCOMP_DEFLATE}
+CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+
+
+# --------------------------------------------------------------------------- inputs
+
+@dataclass
+class Buffer:
+    """A device buffer's address and size (``keep`` holds whatever owns it)."""
+
+    ptr: int
+    nbytes: int
+    keep: object = None
+
+
+class Staging:
+    """Device copies of host buffers through pinned memory, copied in pieces that overlap
+    the uploads (worker threads fill piece k+1 while piece k goes up)."""
+
+    def __init__(self, backend) -> None:
+        self.b = backend
+        self.views: list[tuple[int, memoryview]] = []
+        self.total = 0
+        self.dev = None
+        self._host = None
+
+    def add(self, mv: memoryview) -> int:
+        off = self.total
+        self.views.append((off, mv))
+        self.total = round_up(off + len(mv), ALIGN)
+        return off
+
+    def flush(self):
+        if not self.views:
+            return None
+        b = self.b
+        self.dev = b.empty(self.total)
+        host = self._host = b.pinned(self.total)
+        pieces = [(off + s, mv[s: s + PIECE]) for off, mv in self.views
+                  for s in range(0, len(mv), PIECE)]
+
+        def put(job):
+            off, mv = job
+            host[off: off + len(mv)] = np.frombuffer(mv, dtype=np.uint8)
+            return job
+
+        if self.total < 4 * PIECE or b.emulated:
+            for job in pieces:
+                put(job)
+            b.upload(self.dev, 0, host[: self.total])
+        else:
+            with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+                for off, mv in pool.map(put, pieces):
+                    b.upload(self.dev, off, host[off: off + len(mv)])
+        return self.dev
+
+
+def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
+    """A :class:`Buffer` for every device input; host inputs are added to ``staging``
+    and come back as ``("host", offset, nbytes)`` until :func:`finish` places them."""
+    from .._core import as_bytes
+    out: list = []
+    for data in datas:
+        mod = type(data).__module__
+        if mod.startswith("torch") and getattr(data, "is_cuda", False):
+            t = data.detach().contiguous()
+            backend.wait_external(t)
+            keep.append(t)
+            out.append(Buffer(int(t.data_ptr()), t.numel() * t.element_size(), t))
+        elif mod.startswith("cupy") or (hasattr(data, "__cuda_array_interface__")
+                                        and not mod.startswith("torch")):
+            if backend.emulated:
+                raise CodecError("device arrays need a real GPU backend")
+            import cupy
+            a = cupy.ascontiguousarray(cupy.asarray(data))
+            keep.append(a)
+            out.append(Buffer(int(a.data.ptr), int(a.nbytes), a))
+        else:
+            mv = as_bytes(data)
+            out.append(("host", staging.add(mv), len(mv)))
+    return out
+
+
+def finish(backend, items: list, staging: Staging, keep: list) -> list[Buffer]:
+    """Place staged host inputs and re-align device inputs the kernels cannot read."""
+    res = []
+    for it in items:
+        if isinstance(it, tuple):
+            _, off, n = it
+            res.append(Buffer(backend.ptr(staging.dev) + off, n, staging))
+        elif it.ptr % 16 and it.nbytes:
+            tmp = backend.empty(it.nbytes)
+            backend.copy(backend.ptr(tmp), it.ptr, it.nbytes)
+            keep.append(tmp)
+            res.append(Buffer(backend.ptr(tmp), it.nbytes, tmp))
+        else:
+            res.append(it)
+    return res
+
+
+# --------------------------------------------------------------------------- kernels
+
+def hash_buffers(b, ptrs: list[int], lens: list[int], keep: list):
+    """Launch XXH3-64 of every buffer (3 launches); a device array of 8 bytes each."""
+    n = len(ptrs)
+    out = b.empty(8 * max(n, 1))
+    if n == 0:
+        return out
+    lens_a = np.asarray(lens, dtype=np.int64)
+    blocks = np.where(lens_a > 240, (lens_a - 1) // 1024 + 1, 0)
+    items = np.zeros((n, 4), dtype=np.uint64)
+    items[:, 0] = np.asarray(ptrs, dtype=np.uint64)
+    items[:, 1] = lens_a.astype(np.uint64)
+    items[:, 2] = (np.cumsum(blocks) - blocks).astype(np.uint64)
+    d_items = b.empty(items.nbytes)
+    b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
+    sums = b.empty(64 * max(int(blocks.sum()), 1))
+    accs = b.empty(64 * n)
+    ip, sp, ap = b.ptr(d_items), b.ptr(sums), b.ptr(accs)
+    for s in range(0, n, MAX_GRID_Y):
+        cnt = min(MAX_GRID_Y, n - s)
+        most = int(blocks[s: s + cnt].max())
+        if most:
+            b.launch("xxh3_blocks", (min(-(-most // 128), 8192), cnt), 128, [ip + 32 * s, sp])
+    b.launch("xxh3_scan", (-(-8 * n // 128), 1), 128, [ip, sp, ap, n])
+    b.launch("xxh3_final", (-(-n // 128), 1), 128, [ip, ap, b.ptr(out), n])
+    keep += [items, d_items, sums, accs]
+    return out
+
+
+class Segments:
+    """A batch of byte copies (or fills), run as one launch."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, a, b, c) -> None:
+        self.parts.append(tuple(np.atleast_1d(np.asarray(x, dtype=np.uint64)) for x in (a, b, c)))
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def launch(self, backend, keep: list, kernel: str = "copy_segments") -> None:
+        if not self.parts:
+            return
+        a, b_, c = (np.concatenate([p[k] for p in self.parts]) for k in range(3))
+        if kernel == "copy_segments":
+            live = c > 0
+            a, b_, c = _cut(a[live], b_[live], c[live])
+        else:
+            live = b_ > 0
+            a, b_, c = a[live], b_[live], c[live]
+        if len(a) == 0:
+            return
+        segs = np.stack([a, b_, c], axis=1).astype(np.uint64).reshape(-1)
+        dev = backend.empty(segs.nbytes)
+        backend.upload(dev, 0, segs.view(np.uint8))
+        backend.launch(kernel, (int(min(len(a), 1 << 16)), 1), 128, [backend.ptr(dev), len(a)])
+        keep += [segs, dev]
+
+
+def _cut(src: np.ndarray, dst: np.ndarray, ln: np.ndarray):
+    """Cut long copies into pieces so that one big plane does not run on one SM."""
+    if len(ln) == 0:
+        return src, dst, ln
+    pieces = np.maximum(1, (ln + SEG_MAX - 1) // SEG_MAX).astype(np.int64)
+    if pieces.max() == 1:
+        return src, dst, ln
+    idx = np.repeat(np.arange(len(ln)), pieces)
+    k = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    off = (k * SEG_MAX).astype(np.uint64)
+    return src[idx] + off, dst[idx] + off, np.minimum(ln[idx] - off, SEG_MAX).astype(np.uint64)
+
+
+def download_ranges(b, ranges: list[tuple[int, int]], keep: list) -> list[bytes]:
+    """Small device reads gathered into one buffer and one copy back."""
+    if not ranges:
+        return []
+    lens = np.asarray([n for _, n in ranges], dtype=np.int64)
+    offs = np.cumsum(lens) - lens
+    total = int(lens.sum())
+    dev = b.empty(total or 1)
+    seg = Segments()
+    seg.add([p for p, _ in ranges], b.ptr(dev) + offs, lens)
+    seg.launch(b, keep)
+    host = np.empty(total or 1, dtype=np.uint8)
+    b.download(dev, 0, host[:total])
+    b.synchronize()
+    return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), lens.tolist())]
+
+
+def launch_planes(b, kind: str, jobs: list, descs: np.ndarray, flags_ptr: int, keep: list):
+    """``split`` or ``merge`` of every job: one launch per plane layout."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].variant)
+    d = np.ascontiguousarray(descs[order])
+    dev = b.empty(d.nbytes)
+    b.upload(dev, 0, d.reshape(-1).view(np.uint8))
+    keep += [d, dev]
+    start = 0
+    while start < len(order):
+        v = jobs[order[start]].variant
+        end = start
+        while end < len(order) and jobs[order[end]].variant == v and end - start < MAX_GRID_Y:
+            end += 1
+        groups = max(jobs[order[i]].n // 8 + 1 for i in range(start, end))
+        args = [b.ptr(dev) + start * K.DESC_FIELDS * 8]
+        if kind == "split":
+            args.append(flags_ptr)
+        b.launch(K.kernel_name(kind, *v), (max(1, min(-(-groups // 128), 4096)), end - start),
+                 128, args)
+        start = end
+
+
+# --------------------------------------------------------------------------- plan
+
+@dataclass
+class Plane:
+    raw: int
+    role: str = "other"        # sign | exp | mant | other | tail
+    off: int = 0               # offset in the plane scratch
+    spec: CodecSpec | None = None
+    chunk0: int = 0            # first chunk in its codec batch
+    nchunks: int = 0
+
+
+@dataclass
+class Job:
+    dt: DType
+    layout: int
+    raw_len: int
+    variant: tuple[int, int, int, int]
+    n: int                     # whole words (elements for BYTES, bytes for FLAT)
+    tail: int                  # bytes past the last whole word
+    planes: list[Plane] = field(default_factory=list)
+    flag0: int = 0
+
+
+def gpu_layout(dt: DType, profile: GpuProfile) -> int:
+    """The plane layout the GPU writes for ``dt`` under ``profile``."""
+    sm = getattr(_planes, "FLOAT_SM", None)
+    if profile.layout == "sm" and sm is not None and K.variant(dt, sm) is not None:
+        return sm
+    return _planes.layout_for(dt)
+
+
+def plan(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None = None) -> Job:
+    """The planes of one chunk (the same as ``_planes.split``), with their codecs."""
+    variant = K.variant(dt, layout) or (1, K.MODE_FLAT, 0, 0)
+    sizes = _planes.plane_sizes(dt, layout, raw_len)
+    n, tail = divmod(raw_len, variant[0]) if layout != _planes.FLAT else (raw_len, 0)
+    job = Job(dt, layout, raw_len, variant, n, tail)
+    body = len(sizes) - (1 if tail else 0)
+    if layout == getattr(_planes, "FLOAT_SM", None):
+        roles = ["exp"] + ["mant"] * (variant[0] - 1)
+    elif layout == _planes.FLOAT and dt.ebits + dt.mbits <= 7:
+        roles = ["sign", "exp"]
+    elif layout == _planes.FLOAT:
+        roles = ["sign"] + ["exp"] * ((dt.ebits + 7) // 8) + ["mant"] * ((dt.mbits + 7) // 8)
+    else:
+        roles = ["other"] * body
+    roles = roles[:body] + (["tail"] if tail else [])
+    for size, role in zip(sizes, roles):
+        p = Plane(size, role)
+        name = None if profile is None else {
+            "sign": profile.other, "exp": profile.exponent, "mant": profile.mantissa,
+            "other": profile.other, "tail": "raw"}[role]
+        if name not in (None, "raw") and size >= MIN_CODED:
+            level = {"gdeflate": profile.gdeflate_algorithm,
+                     "deflate": profile.deflate_algorithm}.get(name, 0)
+            p.spec = CodecSpec(name, level, profile.chunk)
+        job.planes.append(p)
+    return job
+
+
+def place(jobs: list[Job]) -> tuple[int, int]:
+    """Offsets of every plane in one scratch buffer; returns (bytes, planes)."""
+    total = nplanes = 0
+    for j in jobs:
+        j.flag0 = nplanes
+        nplanes += len(j.planes)
+        for p in j.planes:
+            p.off = total
+            total = round_up(total + p.raw, ALIGN)
+    return total, nplanes
+
+
+def descriptors(jobs: list[Job], main: list[int], bases: list[int], scratch_ptr: int) -> np.ndarray:
+    d = np.zeros((len(jobs), K.DESC_FIELDS), dtype=np.int64)
+    for i, j in enumerate(jobs):
+        r = d[i]
+        r[K.D_SRC], r[K.D_BASE], r[K.D_N], r[K.D_TAIL], r[K.D_FLAG] = \
+            main[i], bases[i], j.n, j.tail, j.flag0
+        body = j.planes[:-1] if j.tail else j.planes
+        if j.tail:
+            r[K.D_TAILPTR] = scratch_ptr + j.planes[-1].off
+        for k, p in enumerate(body):
+            r[K.D_PLANES + k] = scratch_ptr + p.off
+    return d
+
+
+def container_header(dt_code: int, flags: int, layout: int, checksum: int,
+                     base_checksum: int | None, raw_len: int, planes) -> bytes:
+    """Exactly the header ``_container.pack`` writes before these planes' payloads."""
+    head = bytearray(C._FIXED.pack(C.MAGIC, C.MAJOR, C.MINOR, dt_code, flags, layout,
+                                   len(planes), checksum))
+    if flags & C.FLAG_DELTA:
+        head += struct.pack("<Q", base_checksum)
+    head += C._varint(raw_len)
+    for cid, major, raw, enc in planes:
+        head += bytes((cid, major)) + C._varint(raw) + C._varint(enc)
+    return bytes(head)

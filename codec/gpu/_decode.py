@@ -1,0 +1,319 @@
+"""GPU decoder: many blobs decoded with a few launches, the encoder's steps backwards.
+
+headers parsed on the host (blobs already on the device: their headers come back in two
+small reads) → host blobs staged up in one overlapped copy; planes of CPU codecs (zstd)
+decoded on the host and staged with them → raw planes copied and constant planes
+filled in one launch each → every nvCOMP chunk gathered to aligned addresses and
+decoded in one batch per codec → planes merged into the outputs, XOR-ing delta bases
+back in → XXH3 of every output checked on the device against its header.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError, FormatError,
+                         UnsupportedVersionError)
+
+from .. import _container as C
+from .. import _plane_codecs as P
+from .. import _planes
+from .._dtypes import DType, from_code
+from . import _codecs, _kernels as K, _payload
+from ._backend import CodecSpec, round_up
+from ._common import (ALIGN, CODEC_NAMES, Segments, Staging, descriptors, download_ranges,
+                      finish, hash_buffers, launch_planes, place, plan, resolve)
+
+PREFIX = 512            # bytes read back to parse the header of a blob on the device
+
+
+@dataclass
+class _Src:
+    cid: int
+    major: int
+    pos: int                   # payload offset in its blob
+    enc: int
+    head: _payload.PayloadHeader | None = None
+    host: bytes | None = None  # decoded on the host (CPU codecs)
+
+
+def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = True,
+                    backend=None, planes_only: bool = False) -> list:
+    """Decode many blobs; see ``s4fs.codec.gpu.decompress_many``.
+
+    ``planes_only``: merge the planes and return them without XOR-ing a base or checking
+    the checksum (what ``s4fs.codec.decompress`` wants: it does both itself).
+    """
+    from ._backend import cuda_backend
+    if out not in ("bytes", "host", "device"):
+        raise CodecError(f"out must be 'bytes', 'host' or 'device', not {out!r}")
+    blobs = list(blobs)
+    bases = list(bases) if bases is not None else [None] * len(blobs)
+    if len(bases) != len(blobs):
+        raise CodecError("pass one base (or None) per blob")
+    if not blobs:
+        return []
+    b = backend or cuda_backend()
+    keep: list = []
+    staging = Staging(b)
+
+    # 1. headers
+    host_mv: list = []
+    dev: dict[int, tuple[int, int]] = {}
+    for i, blob in enumerate(blobs):
+        mod = type(blob).__module__
+        if mod.startswith("cupy") or (mod.startswith("torch") and getattr(blob, "is_cuda", False)):
+            r = resolve(b, [blob], staging, keep)[0]
+            dev[i] = (r.ptr, r.nbytes)
+            host_mv.append(None)
+        else:
+            host_mv.append(memoryview(blob).cast("B"))
+    prefixes = dict(zip(dev, download_ranges(
+        b, [(p, min(n, PREFIX)) for p, n in dev.values()], keep)))
+    heads = [C.unpack(mv) if mv is not None else _parse_prefix(prefixes[i], dev[i][1])
+             for i, mv in enumerate(host_mv)]
+    dts = [_check_head(i, h, bases[i] is not None or planes_only, planes_only)
+           for i, h in enumerate(heads)]
+
+    # 2. plane payloads: nvCOMP tables, CPU-codec planes decoded here
+    srcs: list[list[_Src]] = []
+    for h in heads:
+        pos, row = h.payload_offset, []
+        for ph in h.planes:
+            _known(ph.codec_id, ph.codec_major)
+            row.append(_Src(ph.codec_id, ph.codec_major, pos, ph.enc_len))
+            pos += ph.enc_len
+        srcs.append(row)
+    _read_tables(b, srcs, heads, host_mv, dev, keep)
+    layouts = [h.layout for h in heads]
+    for i, (h, dt) in enumerate(zip(heads, dts)):
+        if K.variant(dt, h.layout) is None:       # no kernel for this layout: merge here
+            mv = host_mv[i]
+            if mv is None:
+                mv = memoryview(download_ranges(b, [(dev[i][0], dev[i][1])], keep)[0])
+            planes = [P.decoder_for(s.cid, s.major).decode(mv[s.pos: s.pos + s.enc], ph.raw_len)
+                      for s, ph in zip(srcs[i], h.planes)]
+            merged = _planes.merge(planes, dt, h.layout, h.raw_len)
+            srcs[i] = [_Src(P.RAW, 1, 0, h.raw_len, host=bytes(merged))]
+            layouts[i] = _planes.FLAT
+    for i, (h, row) in enumerate(zip(heads, srcs)):
+        for s, raw in zip(row, _planes.plane_sizes(dts[i], layouts[i], h.raw_len)):
+            if s.host is not None:
+                continue
+            if s.cid in CODEC_NAMES:
+                if s.cid == P.NVCOMP_ANS:
+                    _codecs.check_ans_version(s.head.version, b.nvcomp_version)
+            elif s.cid == P.RAW:
+                if s.enc != raw:
+                    raise FormatError(f"raw plane holds {s.enc} bytes, header says {raw}")
+            elif s.cid == P.CONST:
+                if s.enc != 1:
+                    raise FormatError("constant plane payload must be one byte")
+            else:
+                payload = (host_mv[i][s.pos: s.pos + s.enc] if host_mv[i] is not None else
+                           download_ranges(b, [(dev[i][0] + s.pos, s.enc)], keep)[0])
+                s.host = P.decoder_for(s.cid, s.major).decode(payload, raw)
+
+    # 3. one staged upload: host blobs, host-decoded planes, host bases
+    blob_at = {i: staging.add(mv) for i, mv in enumerate(host_mv) if mv is not None}
+    host_at = {(i, k): staging.add(memoryview(s.host)) for i, row in enumerate(srcs)
+               for k, s in enumerate(row) if s.host is not None}
+    base_in = resolve(b, [x for x in bases if x is not None], staging, keep)
+    staging.flush()
+    keep.append(staging)
+    base_in = iter(finish(b, base_in, staging, keep))
+    base_ptr: list[int] = []
+    for i, x in enumerate(bases):
+        if x is None or planes_only:
+            base_ptr.append(0)
+            continue
+        r = next(base_in)
+        if r.nbytes != heads[i].raw_len:
+            raise BaseMismatchError(
+                f"blob {i} was written against a base of {heads[i].raw_len} bytes; the base "
+                f"given has {r.nbytes}")
+        base_ptr.append(r.ptr)
+    blob_ptr = [dev[i][0] if i in dev else b.ptr(staging.dev) + blob_at[i]
+                for i in range(len(blobs))]
+
+    # 4. planes into the scratch
+    jobs = [plan(dt, lay, h.raw_len) for dt, lay, h in zip(dts, layouts, heads)]
+    total, _ = place(jobs)
+    scratch = b.empty(total)
+    sp = b.ptr(scratch)
+    keep.append(scratch)
+    copies, fills = Segments(), Segments()
+    batches: dict[CodecSpec, dict] = {}
+    const_dev: list[tuple[int, int]] = []
+    for i, (j, row) in enumerate(zip(jobs, srcs)):
+        for k, (p, s) in enumerate(zip(j.planes, row)):
+            if p.raw == 0:
+                continue
+            if s.host is not None:
+                copies.add(b.ptr(staging.dev) + host_at[(i, k)], sp + p.off, p.raw)
+            elif s.cid == P.RAW:
+                copies.add(blob_ptr[i] + s.pos, sp + p.off, p.raw)
+            elif s.cid == P.CONST:
+                if host_mv[i] is not None:
+                    fills.add(sp + p.off, p.raw, host_mv[i][s.pos])
+                else:
+                    const_dev.append((i, k))
+            else:
+                spec = CodecSpec(CODEC_NAMES[s.cid], s.head.option, s.head.chunk)
+                bt = batches.setdefault(spec, {"src": [], "csize": [], "dst": [], "rsize": []})
+                sizes = s.head.sizes.astype(np.int64)
+                bt["src"].append(blob_ptr[i] + s.pos + s.head.data_offset + np.cumsum(sizes) - sizes)
+                bt["csize"].append(sizes)
+                bt["dst"].append(p.off + s.head.chunk * np.arange(len(sizes), dtype=np.int64))
+                bt["rsize"].append(s.head.raw_sizes(p.raw))
+    if const_dev:
+        vals = download_ranges(b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)
+        for (i, k), v in zip(const_dev, vals):
+            fills.add(sp + jobs[i].planes[k].off, jobs[i].planes[k].raw, v[0])
+    copies.launch(b, keep)
+    fills.launch(b, keep, "fill_segments")
+    for spec, bt in batches.items():
+        csize = np.concatenate(bt["csize"])
+        align = b.decompress_alignment(spec)
+        padded = (csize + align - 1) // align * align
+        coff = np.cumsum(padded) - padded
+        cin = b.empty(int(padded.sum()))
+        keep.append(cin)
+        g = Segments()
+        g.add(np.concatenate(bt["src"]), b.ptr(cin) + coff, csize)
+        g.launch(b, keep)
+        b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch,
+                 np.concatenate(bt["dst"]).tolist(), np.concatenate(bt["rsize"]).tolist())
+
+    # 5. merge into the outputs, XOR-ing bases back in
+    out_off, tot = [], 0
+    for h in heads:
+        out_off.append(tot)
+        tot = round_up(tot + h.raw_len, ALIGN)
+    out_dev = b.empty(tot)
+    op = b.ptr(out_dev)
+    descs = descriptors(jobs, [op + o for o in out_off], base_ptr, sp)
+    launch_planes(b, "merge", jobs, descs, 0, keep)
+
+    # 6. checksums on the device
+    if verify and not planes_only:
+        _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
+    if out == "device":
+        b.synchronize()
+        return [b.view(out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
+    host = b.pinned(tot)
+    b.download(out_dev, 0, host[:tot])
+    b.synchronize()
+    views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
+    if out == "host":
+        return [memoryview(v) for v in views]
+    return [v.tobytes() for v in views]
+
+
+def _verify(b, heads, out_ptrs, base_ptr, keep) -> None:
+    with_base = [i for i, p in enumerate(base_ptr) if p]
+    ptrs = list(out_ptrs) + [base_ptr[i] for i in with_base]
+    lens = [h.raw_len for h in heads] + [heads[i].raw_len for i in with_base]
+    d_hash = hash_buffers(b, ptrs, lens, keep)
+    got = np.empty(len(ptrs), dtype=np.uint64)
+    b.download(d_hash, 0, got.view(np.uint8))
+    b.synchronize()
+    for k, i in enumerate(with_base):
+        if int(got[len(heads) + k]) != heads[i].base_checksum:
+            raise BaseMismatchError(
+                f"blob {i} was written against a different base (its checksum does not "
+                f"match); pass the exact base bytes it was coded with")
+    for i, h in enumerate(heads):
+        if int(got[i]) != h.checksum:
+            raise ChecksumError(
+                f"chunk checksum mismatch in blob {i}: the stored bytes are corrupt; restore "
+                f"this file from another copy (s4fs never returns bytes it cannot verify)")
+
+
+def _read_tables(b, srcs, heads, host_mv, dev, keep) -> None:
+    """Payload headers of every nvCOMP plane (two small reads for blobs on the device)."""
+    want = []
+    for i, (h, row) in enumerate(zip(heads, srcs)):
+        for s, ph in zip(row, h.planes):
+            if s.cid not in CODEC_NAMES:
+                continue
+            name = P.codec_name(s.cid)
+            if host_mv[i] is not None:
+                s.head = _payload.parse(host_mv[i][s.pos: s.pos + s.enc], ph.raw_len, name)
+            else:
+                want.append((i, s, ph.raw_len))
+    if not want:
+        return
+    fixed = download_ranges(b, [(dev[i][0] + s.pos, min(s.enc, _payload.FIXED_SIZE))
+                                for i, s, _ in want], keep)
+    ranges = []
+    for (i, s, raw), f in zip(want, fixed):
+        chunk = _payload.FIXED.unpack_from(f)[4] if len(f) == _payload.FIXED_SIZE else 0
+        n = _payload.header_size(raw, chunk) if chunk else len(f)
+        ranges.append((dev[i][0] + s.pos, min(s.enc, n)))
+    tables = download_ranges(b, ranges, keep)
+    for (i, s, raw), t in zip(want, tables):
+        s.head = _payload.parse_table(t, s.enc, raw, P.codec_name(s.cid))
+
+
+def _parse_prefix(buf: bytes, total: int) -> C.Header:
+    """``_container.unpack`` for a blob of which only the first bytes were read."""
+    if len(buf) < C._FIXED.size:
+        return C.unpack(buf)
+    magic, major, minor, dcode, flags, layout, nplanes, checksum = C._FIXED.unpack_from(buf)
+    if magic != C.MAGIC or major != C.MAJOR:
+        return C.unpack(buf)            # raises the container's own error
+    mv = memoryview(buf)
+    pos = C._FIXED.size
+    bsum = None
+    if flags & C.FLAG_DELTA:
+        if len(buf) < pos + 8:
+            raise FormatError("blob is truncated inside its header")
+        (bsum,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8
+    raw_len, pos = C._read_varint(mv, pos)
+    planes = []
+    for _ in range(nplanes):
+        if len(buf) < pos + 2:
+            raise FormatError("blob is truncated inside its header")
+        cid, cmaj = buf[pos], buf[pos + 1]
+        pr, pos = C._read_varint(mv, pos + 2)
+        pe, pos = C._read_varint(mv, pos)
+        planes.append(C.PlaneHeader(cid, cmaj, pr, pe))
+    end = pos + sum(p.enc_len for p in planes)
+    if end != total:
+        what = "truncated" if end > total else "followed by extra bytes"
+        raise FormatError(f"blob is {what}: header describes {end} bytes, got {total}")
+    return C.Header(dcode, flags, layout, checksum, bsum, raw_len, tuple(planes), pos)
+
+
+def _check_head(i: int, head: C.Header, has_base: bool, planes_only: bool) -> DType:
+    if not planes_only:
+        if head.delta and not has_base:
+            raise BaseMismatchError(
+                f"blob {i} is a delta: pass the base it was written against (bases=...)")
+        if not head.delta and has_base:
+            raise BaseMismatchError(f"blob {i} is not a delta, but a base was given")
+    dt = from_code(head.dtype_code)
+    if head.layout not in getattr(_planes, "LAYOUTS", (_planes.FLAT, _planes.FLOAT, _planes.BYTES)):
+        raise UnsupportedVersionError(
+            f"blob uses plane layout {head.layout}, unknown to this s4fs; upgrade s4fs")
+    expected = _planes.plane_sizes(dt, head.layout, head.raw_len)
+    if [p.raw_len for p in head.planes] != expected:
+        raise FormatError(
+            f"blob plane sizes {[p.raw_len for p in head.planes]} do not fit a "
+            f"{dt.name} layout-{head.layout} chunk of {head.raw_len} bytes")
+    return dt
+
+
+def _known(cid: int, major: int) -> None:
+    if cid in CODEC_NAMES:
+        if major > 1:
+            raise UnsupportedVersionError(
+                f"plane codec {P.codec_name(cid)} v{major} is newer than this s4fs supports "
+                f"(v1); upgrade s4fs to read this blob")
+        return
+    P.decoder_for(cid, major)           # raises for unknown ids and majors

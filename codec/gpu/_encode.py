@@ -1,0 +1,225 @@
+"""GPU encoder: a whole batch of chunks hashed, split, coded and packed in a few launches.
+
+inputs on the device (host inputs staged through pinned memory) → XXH3 of every input
+and base (3 launches) → split into planes, XOR-ing delta bases on the fly and flagging
+constant planes (one launch per plane layout) → one nvCOMP batch per codec over every
+chunk of every plane → one small readback (compressed sizes, flags, checksums) →
+headers written on the host → one gather launch packs every blob back to back →
+blobs stay on the device, or come back in one copy to pinned host memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from s4fs.errors import CodecError
+
+from .. import _container as C
+from .. import _plane_codecs as P
+from .. import _planes
+from .._dtypes import DType, lookup
+from . import _payload
+from ._backend import CodecSpec, round_up
+from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging, container_header,
+                      descriptors, finish, gpu_layout, hash_buffers, launch_planes, place, plan,
+                      resolve)
+from ._profiles import DEFAULT, GpuProfile
+
+
+def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes",
+                  backend=None) -> list:
+    """Compress many chunks in one pass; see ``s4fs.codec.gpu.compress_many``."""
+    from ._backend import cuda_backend
+    profile = profile if isinstance(profile, GpuProfile) else DEFAULT
+    if out not in ("bytes", "host", "device"):
+        raise CodecError(f"out must be 'bytes', 'host' or 'device', not {out!r}")
+    items = [tuple(it) + (None,) * (3 - len(it)) for it in items]
+    if not items:
+        return []
+    b = backend or cuda_backend()
+    dts = [d if isinstance(d, DType) else lookup(d) for _, d, _ in items]
+    keep: list = []
+
+    # inputs and bases on the device
+    staging = Staging(b)
+    datas = resolve(b, [it[0] for it in items], staging, keep)
+    bases_in = resolve(b, [it[2] for it in items if it[2] is not None], staging, keep)
+    staging.flush()
+    keep.append(staging)
+    datas = finish(b, datas, staging, keep)
+    bases_in = iter(finish(b, bases_in, staging, keep))
+    bases: list[Buffer | None] = []
+    for it, d in zip(items, datas):
+        base = next(bases_in) if it[2] is not None else None
+        if base is not None and base.nbytes != d.nbytes:
+            raise CodecError(f"delta base has {base.nbytes} bytes but data has {d.nbytes}; "
+                             f"a base must be exactly as long as the data")
+        bases.append(base)
+
+    # checksums, planes, constant flags
+    hashed = [(d.ptr, d.nbytes) for d in datas] + [(x.ptr, x.nbytes) for x in bases if x]
+    d_hash = hash_buffers(b, [p for p, _ in hashed], [n for _, n in hashed], keep)
+    jobs = [plan(dt, gpu_layout(dt, profile), d.nbytes, profile) for dt, d in zip(dts, datas)]
+    total, nplanes = place(jobs)
+    scratch = b.empty(total)
+    sp = b.ptr(scratch)
+    flags = b.zeros(4 * max(nplanes, 1))
+    keep += [scratch, flags]
+    descs = descriptors(jobs, [d.ptr for d in datas], [x.ptr if x else 0 for x in bases], sp)
+    launch_planes(b, "split", jobs, descs, b.ptr(flags), keep)
+    planes = [p for j in jobs for p in j.planes]
+    firsts = b.empty(max(nplanes, 1))
+    seg = Segments()
+    seg.add([sp + p.off for p in planes], b.ptr(firsts) + np.arange(nplanes),
+            [1 if p.raw else 0 for p in planes])
+    seg.launch(b, keep)
+
+    # one nvCOMP batch per codec configuration
+    batches: dict[CodecSpec, dict] = {}
+    for p in planes:
+        if p.spec is None:
+            continue
+        bt = batches.setdefault(p.spec, {"off": [], "size": [], "count": 0})
+        cnt = _payload.nchunks(p.raw, p.spec.chunk)
+        p.chunk0, p.nchunks = bt["count"], cnt
+        bt["count"] += cnt
+        sizes = np.full(cnt, p.spec.chunk, dtype=np.int64)
+        sizes[-1] = p.raw - p.spec.chunk * (cnt - 1)
+        bt["off"].append(p.off + p.spec.chunk * np.arange(cnt, dtype=np.int64))
+        bt["size"].append(sizes)
+    for spec, bt in batches.items():
+        stride = round_up(b.max_compressed(spec), ALIGN)
+        dst = b.empty(stride * bt["count"])
+        keep.append(dst)
+        bt["dst"], bt["stride"] = dst, stride
+        bt["comp"] = b.encode(spec, scratch, np.concatenate(bt["off"]).tolist(),
+                              np.concatenate(bt["size"]).tolist(), dst,
+                              (stride * np.arange(bt["count"])).tolist(), stride)
+
+    # one readback: checksums, constant flags and first bytes
+    h_hash = np.empty(len(hashed), dtype=np.uint64)
+    h_flags = np.empty(max(nplanes, 1), dtype=np.uint32)
+    h_first = np.empty(max(nplanes, 1), dtype=np.uint8)
+    b.download(d_hash, 0, h_hash.view(np.uint8))
+    b.download(flags, 0, h_flags.view(np.uint8))
+    b.download(firsts, 0, h_first)
+    b.synchronize()
+
+    layouts, meta, fallback = _decide(jobs, bases, batches, h_hash, h_flags, h_first,
+                                      b.nvcomp_version, len(datas))
+
+    # delta chunks that fall back to one raw plane need the XOR itself (rare)
+    xor_ptr: dict[int, int] = {}
+    if fallback:
+        tot = 0
+        offs = {}
+        for i in fallback:
+            offs[i] = tot
+            tot = round_up(tot + datas[i].nbytes, ALIGN)
+        xb = b.empty(tot)
+        keep.append(xb)
+        for i in fallback:
+            xor_ptr[i] = b.ptr(xb) + offs[i]
+            b.xor_into(xor_ptr[i], datas[i].ptr, bases[i].ptr, datas[i].nbytes)
+
+    # assemble every blob with one gather
+    blob_len = [lay[3] for lay in layouts]
+    blob_off = np.concatenate([[0], np.cumsum(blob_len)]).astype(np.int64)
+    size = int(blob_off[-1])
+    out_dev = b.empty(size)
+    op = b.ptr(out_dev)
+    h_meta = np.frombuffer(bytes(meta) or b"\0", dtype=np.uint8).copy()
+    d_meta = b.empty(len(h_meta))
+    b.upload(d_meta, 0, h_meta)
+    keep += [h_meta, d_meta]
+    mp = b.ptr(d_meta)
+    seg = Segments()
+    for i, (j, (moff, mlen, entries, _)) in enumerate(zip(jobs, layouts)):
+        pos = op + int(blob_off[i])
+        seg.add(mp + moff, pos, mlen)
+        pos += mlen
+        if entries is None:               # one raw plane of the data (or of the XOR)
+            if i in xor_ptr:
+                src = xor_ptr[i]
+            elif bases[i] is not None:    # flat layout: plane 0 holds the XOR
+                src = sp + j.planes[0].off
+            else:
+                src = datas[i].ptr
+            seg.add(src, pos, j.raw_len)
+            continue
+        for p, (kind, enc, where) in zip(j.planes, entries):
+            if kind == "raw":
+                seg.add(sp + p.off, pos, p.raw)
+            elif kind == "const":
+                seg.add(mp + where, pos, 1)
+            else:
+                bt = batches[p.spec]
+                hlen = _payload.header_size(p.raw, p.spec.chunk)
+                seg.add(mp + where, pos, hlen)
+                sizes = bt["comp"][p.chunk0: p.chunk0 + p.nchunks]
+                seg.add(b.ptr(bt["dst"]) + bt["stride"] * (p.chunk0 + np.arange(p.nchunks)),
+                        pos + hlen + np.cumsum(sizes) - sizes, sizes)
+            pos += enc
+    seg.launch(b, keep)
+
+    if out == "device":
+        b.synchronize()
+        return [b.view(out_dev, int(blob_off[i]), blob_len[i]) for i in range(len(jobs))]
+    host = b.pinned(size)
+    b.download(out_dev, 0, host[:size])
+    b.synchronize()
+    views = [host[int(blob_off[i]): int(blob_off[i]) + blob_len[i]] for i in range(len(jobs))]
+    if out == "host":
+        return [memoryview(v) for v in views]
+    return [v.tobytes() for v in views]
+
+
+def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
+    """Pick each plane's coding and write every header into one metadata buffer.
+
+    Returns per blob ``(meta offset, header length, entries or None, blob length)``
+    (``None``: stored as one raw plane, as ``_core.pack_chunk`` does when coding does
+    not pay), the metadata bytes, and the delta blobs whose raw fallback needs the XOR.
+    """
+    meta = bytearray()
+    layouts = []
+    fallback = []
+    base_sums = iter(int(h) for h in h_hash[ndata:])
+    for i, j in enumerate(jobs):
+        checksum = int(h_hash[i])
+        bsum = next(base_sums) if bases[i] is not None else None
+        flag_bits = C.FLAG_DELTA if bsum is not None else 0
+        planes, entries, extra = [], [], []
+        for k, p in enumerate(j.planes):
+            idx = j.flag0 + k
+            if p.raw >= 2 and p.role != "tail" and h_flags[idx] == 0:
+                planes.append((P.CONST, P.Const.major, p.raw, 1))
+                entries.append(["const", 1, bytes((int(h_first[idx]),))])
+                continue
+            if p.spec is not None:
+                sizes = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
+                enc = _payload.header_size(p.raw, p.spec.chunk) + int(sizes.sum())
+                if enc < p.raw:
+                    planes.append((CODEC_IDS[p.spec.name], 1, p.raw, enc))
+                    entries.append(["coded", enc, _payload.pack_header(
+                        version, p.spec.option, p.spec.chunk, sizes)])
+                    continue
+            planes.append((P.RAW, P.Raw.major, p.raw, p.raw))
+            entries.append(["raw", p.raw, b""])
+        head = container_header(j.dt.code, flag_bits, j.layout, checksum, bsum, j.raw_len, planes)
+        planar = len(head) + sum(e[1] for e in entries)
+        flat_head = container_header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
+                                     j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
+        flat = len(flat_head) + j.raw_len
+        if planar >= flat or (j.layout == _planes.FLAT and entries[0][0] == "raw"):
+            layouts.append((len(meta), len(flat_head), None, flat))
+            meta += flat_head
+            if bases[i] is not None and j.layout != _planes.FLAT:
+                fallback.append(i)
+            continue
+        layouts.append((len(meta), len(head), [], planar))
+        meta += head
+        for kind, enc, extra in entries:
+            layouts[-1][2].append((kind, enc, len(meta)))
+            meta += extra
+    return layouts, meta, fallback

@@ -1,0 +1,529 @@
+"""CUDA source of the GPU codec's kernels (compiled once with NVRTC through CuPy).
+
+Kernels:
+
+* ``xxh3_blocks`` / ``xxh3_scan`` / ``xxh3_final`` — XXH3-64 (seed 0, the default secret),
+  bit-identical to ``xxhash.xxh3_64_intdigest``, over many buffers at once. XXH3 adds
+  each 1 KiB block's stripes into eight accumulators and scrambles them once per
+  block; the additions do not depend on the accumulators, so every block's sum is
+  computed in parallel (``xxh3_blocks``), then one thread per accumulator lane runs the
+  cheap scramble chain (``xxh3_scan``) and one thread per buffer merges (``xxh3_final``).
+* ``split<T, MODE, EBITS, MBITS>`` — raw words (XOR a delta base on the fly) into the
+  byte planes of ``s4fs.codec._planes`` (the same planes, byte for byte), and flags the
+  planes whose bytes are all equal.
+* ``merge<...>`` — the inverse, XOR-ing the base back in.
+* ``copy_segments`` / ``fill_segments`` — batched gathers and fills (blob assembly).
+
+Pointers travel as 64-bit integers, so one signature serves every buffer. Every
+kernel avoids shared memory, barriers and warp intrinsics: running its blocks and
+threads one after another on a CPU gives the same result, which is how the tests
+check the kernels on machines without a GPU (``_emulate``).
+"""
+
+from __future__ import annotations
+
+# XXH3's default 192-byte secret (a constant of the algorithm)
+XXH3_SECRET = bytes.fromhex(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
+    "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
+
+# descriptor of one split/merge item: 24 int64 fields
+DESC_FIELDS = 24
+D_SRC, D_BASE, D_N, D_TAIL, D_FLAG, D_TAILPTR, D_PLANES = 0, 1, 2, 3, 4, 5, 8
+MAX_PLANES = DESC_FIELDS - D_PLANES
+
+# (T, MODE, EBITS, MBITS) instantiations; MODE: 0 flat, 1 float, 2 float magnitude, 3 bytes
+MODE_FLAT, MODE_FLOAT, MODE_MAG, MODE_BYTES, MODE_SM = 0, 1, 2, 3, 4
+_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+
+
+def _u64_le(buf: bytes, off: int) -> int:
+    return int.from_bytes(buf[off: off + 8], "little")
+
+
+def _consts() -> str:
+    s = XXH3_SECRET
+    key = ", ".join(f"0x{_u64_le(s, 8 * j):016x}ULL" for j in range(24))
+    last = ", ".join(f"0x{_u64_le(s, 121 + 8 * j):016x}ULL" for j in range(8))
+    merge = ", ".join(f"0x{_u64_le(s, 11 + 8 * j):016x}ULL" for j in range(8))
+    raw = ", ".join(str(b) for b in s)
+    return (f"__constant__ u64 XKEY[24] = {{{key}}};\n"
+            f"__constant__ u64 XLAST[8] = {{{last}}};\n"
+            f"__constant__ u64 XMERGE[8] = {{{merge}}};\n"
+            f"__constant__ u8 XSECRET[192] = {{{raw}}};\n")
+
+
+def kernel_name(kind: str, itemsize: int, mode: int, ebits: int, mbits: int) -> str:
+    """The C++ name expression of one split/merge instantiation."""
+    return f"{kind}<{_CTYPE[itemsize]}, {mode}, {ebits}, {mbits}>"
+
+
+_BODY = r"""
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+#define P32_1 0x9E3779B1ULL
+#define P32_2 0x85EBCA77ULL
+#define P32_3 0xC2B2AE3DULL
+#define P64_1 0x9E3779B185EBCA87ULL
+#define P64_2 0xC2B2AE3D27D4EB4FULL
+#define P64_3 0x165667B19E3779F9ULL
+#define P64_4 0x85EBCA77C2B2AE63ULL
+#define P64_5 0x27D4EB2F165667C5ULL
+#define PMX1 0x165667919E3779F9ULL
+#define PMX2 0x9FB21C651E98DF25ULL
+
+@CONSTS@
+
+__constant__ u64 XINIT[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
+
+__device__ __forceinline__ u64 rd64(const u8* p) {
+    u64 v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+__device__ __forceinline__ u32 rd32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+__device__ __forceinline__ u64 mulfold(u64 a, u64 b) { return (a * b) ^ __umul64hi(a, b); }
+__device__ __forceinline__ u64 rotl64(u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+__device__ __forceinline__ u64 bswap64(u64 x) {
+    u64 r = 0;
+    for (int i = 0; i < 8; ++i) { r = (r << 8) | (x & 0xff); x >>= 8; }
+    return r;
+}
+__device__ __forceinline__ u64 aval3(u64 h) { h ^= h >> 37; h *= PMX1; return h ^ (h >> 32); }
+__device__ __forceinline__ u64 aval64(u64 h) {
+    h ^= h >> 33; h *= P64_2; h ^= h >> 29; h *= P64_3; return h ^ (h >> 32);
+}
+__device__ __forceinline__ u64 mix16(const u8* in, int soff) {
+    return mulfold(rd64(in) ^ rd64(XSECRET + soff), rd64(in + 8) ^ rd64(XSECRET + soff + 8));
+}
+
+// XXH3-64 of at most 240 bytes (byte reads: any alignment)
+__device__ u64 xxh3_short(const u8* p, u64 len) {
+    if (len <= 16) {
+        if (len > 8) {
+            u64 lo = rd64(p) ^ (rd64(XSECRET + 24) ^ rd64(XSECRET + 32));
+            u64 hi = rd64(p + len - 8) ^ (rd64(XSECRET + 40) ^ rd64(XSECRET + 48));
+            return aval3(len + bswap64(lo) + hi + mulfold(lo, hi));
+        }
+        if (len >= 4) {
+            u64 in1 = rd32(p), in2 = rd32(p + len - 4);
+            u64 h = (in2 + (in1 << 32)) ^ (rd64(XSECRET + 8) ^ rd64(XSECRET + 16));
+            h ^= rotl64(h, 49) ^ rotl64(h, 24);
+            h *= PMX2;
+            h ^= (h >> 35) + len;
+            h *= PMX2;
+            return h ^ (h >> 28);
+        }
+        if (len > 0) {
+            u32 c = ((u32)p[0] << 16) | ((u32)p[len >> 1] << 24) | (u32)p[len - 1] | ((u32)len << 8);
+            return aval64((u64)c ^ (u64)(rd32(XSECRET) ^ rd32(XSECRET + 4)));
+        }
+        return aval64(rd64(XSECRET + 56) ^ rd64(XSECRET + 64));
+    }
+    u64 acc = len * P64_1;
+    if (len <= 128) {
+        if (len > 32) {
+            if (len > 64) {
+                if (len > 96) {
+                    acc += mix16(p + 48, 96);
+                    acc += mix16(p + len - 64, 112);
+                }
+                acc += mix16(p + 32, 64);
+                acc += mix16(p + len - 48, 80);
+            }
+            acc += mix16(p + 16, 32);
+            acc += mix16(p + len - 32, 48);
+        }
+        acc += mix16(p, 0);
+        acc += mix16(p + len - 16, 16);
+        return aval3(acc);
+    }
+    for (int i = 0; i < 8; ++i) acc += mix16(p + 16 * i, 16 * i);
+    acc = aval3(acc);
+    int rounds = (int)(len / 16);
+    for (int i = 8; i < rounds; ++i) acc += mix16(p + 16 * i, 16 * (i - 8) + 3);
+    acc += mix16(p + len - 16, 136 - 17);
+    return aval3(acc);
+}
+
+// items: 4 u64 per buffer: pointer (16-byte aligned when len > 240), length, offset of
+// its block sums in `sums` (in blocks of 8 u64), unused.
+extern "C" __global__ void xxh3_blocks(const u64* items, u64* sums) {
+    const u64* it = items + 4 * (u64)blockIdx.y;
+    u64 len = it[1];
+    if (len <= 240) return;
+    const u8* p = (const u8*)it[0];
+    u64 nfull = (len - 1) / 1024;
+    u64* out = sums + 8 * it[2];
+    u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b <= nfull; b += step) {
+        int nstripes = b < nfull ? 16 : (int)(((len - 1) - 1024 * nfull) / 64);
+        const ulonglong2* w = (const ulonglong2*)(p + 1024 * b);
+        u64 acc[8];
+        for (int i = 0; i < 8; ++i) acc[i] = 0;
+#pragma unroll
+        for (int s = 0; s < 16; ++s) {
+            if (s < nstripes) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    ulonglong2 v = w[4 * s + q];
+                    u64 d0 = v.x, d1 = v.y;
+                    u64 k0 = d0 ^ XKEY[s + 2 * q], k1 = d1 ^ XKEY[s + 2 * q + 1];
+                    acc[2 * q + 1] += d0;
+                    acc[2 * q] += d1;
+                    acc[2 * q] += (k0 & 0xffffffffULL) * (k0 >> 32);
+                    acc[2 * q + 1] += (k1 & 0xffffffffULL) * (k1 >> 32);
+                }
+            }
+        }
+        for (int i = 0; i < 8; ++i) out[8 * b + i] = acc[i];
+    }
+}
+
+extern "C" __global__ void xxh3_scan(const u64* items, const u64* sums, u64* accs, u64 n_items) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= 8 * n_items) return;
+    u64 item = t >> 3;
+    int lane = (int)(t & 7);
+    const u64* it = items + 4 * item;
+    u64 len = it[1];
+    if (len <= 240) return;
+    const u8* p = (const u8*)it[0];
+    const u64* c = sums + 8 * it[2] + lane;
+    u64 nfull = (len - 1) / 1024;
+    u64 acc = XINIT[lane];
+    u64 key = XKEY[16 + lane];
+#pragma unroll 8
+    for (u64 b = 0; b < nfull; ++b) {
+        acc += c[8 * b];
+        acc ^= acc >> 47;
+        acc ^= key;
+        acc *= P32_1;
+    }
+    acc += c[8 * nfull];
+    const u8* last = p + len - 64;
+    u64 dv = rd64(last + 8 * lane);
+    u64 dk = dv ^ XLAST[lane];
+    acc += rd64(last + 8 * (lane ^ 1)) + (dk & 0xffffffffULL) * (dk >> 32);
+    accs[8 * item + lane] = acc;
+}
+
+extern "C" __global__ void xxh3_final(const u64* items, const u64* accs, u64* hashes, u64 n_items) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_items) return;
+    const u64* it = items + 4 * i;
+    u64 len = it[1];
+    if (len <= 240) {
+        hashes[i] = xxh3_short((const u8*)it[0], len);
+        return;
+    }
+    const u64* a = accs + 8 * i;
+    u64 r = len * P64_1;
+    for (int k = 0; k < 4; ++k) r += mulfold(a[2 * k] ^ XMERGE[2 * k], a[2 * k + 1] ^ XMERGE[2 * k + 1]);
+    hashes[i] = aval3(r);
+}
+
+// ---------------------------------------------------------------- planes
+
+template <typename T> struct Group { union { T w[8]; uint4 v[(8 * sizeof(T) + 15) / 16]; u64 b; }; };
+
+template <typename T>
+__device__ __forceinline__ void load_group(const T* p, i64 cnt, Group<T>& g) {
+    if (cnt == 8) {
+        if (sizeof(T) == 1) {
+            g.b = *(const u64*)p;
+        } else {
+            const uint4* q = (const uint4*)p;
+#pragma unroll
+            for (int r = 0; r < (int)(8 * sizeof(T) / 16); ++r) g.v[r] = q[r];
+        }
+    } else {
+        for (int j = 0; j < 8; ++j) g.w[j] = j < cnt ? p[j] : (T)0;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_group(T* p, i64 cnt, const Group<T>& g) {
+    if (cnt == 8) {
+        if (sizeof(T) == 1) {
+            *(u64*)p = g.b;
+        } else {
+            uint4* q = (uint4*)p;
+#pragma unroll
+            for (int r = 0; r < (int)(8 * sizeof(T) / 16); ++r) q[r] = g.v[r];
+        }
+    } else {
+        for (int j = 0; j < cnt; ++j) p[j] = g.w[j];
+    }
+}
+
+template <int MODE, int EB, int MB, int W> struct Layout {
+    static const int NE = (EB + 7) / 8;
+    static const int NM = (MB + 7) / 8;
+    static const int SIGN = (MODE == 1 || MODE == 2) ? 1 : 0;
+    static const int NP = MODE == 1 ? NE + NM : ((MODE == 3 || MODE == 4) ? W : 1);  // after the sign
+};
+
+// byte k (0 <= k < NP) of word w's non-sign planes
+template <typename T, int MODE, int EB, int MB>
+__device__ __forceinline__ u8 plane_byte(T w, int k) {
+    typedef Layout<MODE, EB, MB, (int)sizeof(T)> L;
+    u64 x = (u64)w;
+    if (MODE == 1) {
+        if (k < L::NE) {
+            u64 e = (x >> MB) & ((1ULL << EB) - 1);
+            return (u8)(e >> (8 * (L::NE - 1 - k)));
+        }
+        u64 m = x & ((1ULL << MB) - 1);
+        return (u8)(m >> (8 * (L::NM - 1 - (k - L::NE))));
+    }
+    if (MODE == 2) return (u8)(x & ((1ULL << (8 * sizeof(T) - 1)) - 1));
+    if (MODE == 4) {   // exponent byte, sign|top 7 mantissa bits, then the lower bytes
+        if (k == 0) return (u8)(x >> MB);
+        if (k == 1) return (u8)((((x >> (8 * sizeof(T) - 1)) & 1) << 7) | ((x >> (MB - 7)) & 0x7f));
+        return (u8)(x >> (8 * ((int)sizeof(T) - 1 - k)));
+    }
+    if (MODE == 3) return (u8)(x >> (8 * k));
+    return (u8)x;
+}
+
+template <typename T>
+__device__ __forceinline__ u8 sign_byte(const Group<T>& g) {
+    u8 s = 0;
+    for (int j = 0; j < 8; ++j) s |= (u8)((((u64)g.w[j]) >> (8 * sizeof(T) - 1)) & 1) << j;
+    return s;
+}
+
+__device__ __forceinline__ void flag_plane(u32* flags, i64 idx) {
+    if (!((volatile u32*)flags)[idx]) atomicOr(flags + idx, 1u);
+}
+
+// descriptor (24 i64): 0 src, 1 base (0: none), 2 words, 3 tail bytes, 4 flag index,
+// 5 tail plane, 8.. plane pointers (sign first when the layout has one)
+template <typename T, int MODE, int EB, int MB>
+__global__ void split(const i64* descs, u32* flags) {
+    typedef Layout<MODE, EB, MB, (int)sizeof(T)> L;
+    const i64* d = descs + 24 * (i64)blockIdx.y;
+    const T* src = (const T*)d[0];
+    const T* base = (const T*)d[1];
+    i64 n = d[2];
+    i64 ngroups = (n + 7) / 8;
+    i64 fidx = d[4];
+    u8* const* planes = (u8* const*)(d + 8);
+    // group 0 is the reference of the constant-plane test
+    Group<T> r;
+    u8 rsign = 0, rbyte[L::NP];
+    if (n > 0) {
+        load_group<T>(src, n < 8 ? n : 8, r);
+        if (base) {
+            Group<T> rb;
+            load_group<T>(base, n < 8 ? n : 8, rb);
+            for (int j = 0; j < 8; ++j) r.w[j] ^= rb.w[j];
+        }
+        rsign = sign_byte<T>(r);
+        for (int k = 0; k < L::NP; ++k) rbyte[k] = plane_byte<T, MODE, EB, MB>(r.w[0], k);
+    }
+    i64 step = (i64)gridDim.x * blockDim.x;
+    for (i64 gi = (i64)blockIdx.x * blockDim.x + threadIdx.x; gi <= ngroups; gi += step) {
+        if (gi == ngroups) {   // bytes past the last whole word
+            i64 tail = d[3];
+            const u8* s8 = (const u8*)src + n * sizeof(T);
+            const u8* b8 = base ? (const u8*)base + n * sizeof(T) : 0;
+            u8* t8 = (u8*)d[5];
+            for (i64 k = 0; k < tail; ++k) t8[k] = s8[k] ^ (b8 ? b8[k] : 0);
+            continue;
+        }
+        i64 cnt = n - 8 * gi < 8 ? n - 8 * gi : 8;
+        Group<T> g;
+        load_group<T>(src + 8 * gi, cnt, g);
+        if (base) {
+            Group<T> b;
+            load_group<T>(base + 8 * gi, cnt, b);
+            for (int j = 0; j < 8; ++j) g.w[j] ^= b.w[j];
+        }
+        if (L::SIGN) {
+            u8 s = sign_byte<T>(g);
+            planes[0][gi] = s;
+            if (s != rsign) flag_plane(flags, fidx);
+        }
+#pragma unroll
+        for (int k = 0; k < L::NP; ++k) {
+            u8* out = planes[L::SIGN + k] + 8 * gi;
+            bool differs = false;
+            if (cnt == 8) {
+                u64 v = 0;
+                for (int j = 0; j < 8; ++j) {
+                    u8 c = plane_byte<T, MODE, EB, MB>(g.w[j], k);
+                    differs |= c != rbyte[k];
+                    v |= (u64)c << (8 * j);
+                }
+                *(u64*)out = v;
+            } else {
+                for (int j = 0; j < cnt; ++j) {
+                    u8 c = plane_byte<T, MODE, EB, MB>(g.w[j], k);
+                    differs |= c != rbyte[k];
+                    out[j] = c;
+                }
+            }
+            if (differs) flag_plane(flags, fidx + L::SIGN + k);
+        }
+    }
+}
+
+// descriptor as for split, with 0 = destination
+template <typename T, int MODE, int EB, int MB>
+__global__ void merge(const i64* descs) {
+    typedef Layout<MODE, EB, MB, (int)sizeof(T)> L;
+    const i64* d = descs + 24 * (i64)blockIdx.y;
+    T* dst = (T*)d[0];
+    const T* base = (const T*)d[1];
+    i64 n = d[2];
+    i64 ngroups = (n + 7) / 8;
+    const u8* const* planes = (const u8* const*)(d + 8);
+    const int BITS = 8 * sizeof(T);
+    i64 step = (i64)gridDim.x * blockDim.x;
+    for (i64 gi = (i64)blockIdx.x * blockDim.x + threadIdx.x; gi <= ngroups; gi += step) {
+        if (gi == ngroups) {
+            i64 tail = d[3];
+            u8* o8 = (u8*)dst + n * sizeof(T);
+            const u8* b8 = base ? (const u8*)base + n * sizeof(T) : 0;
+            const u8* t8 = (const u8*)d[5];
+            for (i64 k = 0; k < tail; ++k) o8[k] = t8[k] ^ (b8 ? b8[k] : 0);
+            continue;
+        }
+        i64 cnt = n - 8 * gi < 8 ? n - 8 * gi : 8;
+        u64 w[8], e[8], m[8];
+        for (int j = 0; j < 8; ++j) { w[j] = 0; e[j] = 0; m[j] = 0; }
+        if (L::SIGN) {
+            u64 s = planes[0][gi];
+            for (int j = 0; j < 8; ++j) w[j] = ((s >> j) & 1) << (BITS - 1);
+        }
+#pragma unroll
+        for (int k = 0; k < L::NP; ++k) {
+            const u8* in = planes[L::SIGN + k] + 8 * gi;
+            u64 v = 0;
+            if (cnt == 8) v = *(const u64*)in;
+            else for (int j = 0; j < cnt; ++j) v |= (u64)in[j] << (8 * j);
+            for (int j = 0; j < 8; ++j) {
+                u64 c = (v >> (8 * j)) & 0xff;
+                if (MODE == 1) {
+                    if (k < L::NE) e[j] = (e[j] << 8) | c;
+                    else m[j] = (m[j] << 8) | c;
+                } else if (MODE == 4) {
+                    if (k == 0) e[j] = c;
+                    else if (k == 1) m[j] = c;
+                    else w[j] |= c << (8 * (BITS / 8 - 1 - k));
+                } else if (MODE == 3) {
+                    w[j] |= c << (8 * k);
+                } else {
+                    w[j] |= c;
+                }
+            }
+        }
+        Group<T> g;
+        for (int j = 0; j < 8; ++j) {
+            u64 x = w[j];
+            if (MODE == 1) x |= (e[j] << MB) | m[j];
+            if (MODE == 4) {
+                x |= ((e[j] >> 1) | (m[j] & 0x80)) << (BITS - 8);
+                x |= (((e[j] << 7) & 0xff) | (m[j] & 0x7f)) << (BITS - 16);
+            }
+            g.w[j] = (T)x;
+        }
+        if (base) {
+            Group<T> b;
+            load_group<T>(base + 8 * gi, cnt, b);
+            for (int j = 0; j < 8; ++j) g.w[j] ^= b.w[j];
+        }
+        store_group<T>(dst + 8 * gi, cnt, g);
+    }
+}
+
+// ---------------------------------------------------------------- segments
+
+// segs: 3 u64 per segment: source, destination, length
+extern "C" __global__ void copy_segments(const u64* segs, u64 nseg) {
+    for (u64 s = blockIdx.x; s < nseg; s += gridDim.x) {
+        const u8* src = (const u8*)segs[3 * s];
+        u8* dst = (u8*)segs[3 * s + 1];
+        u64 len = segs[3 * s + 2];
+        u64 head = (8 - ((u64)dst & 7)) & 7;
+        if (head > len) head = len;
+        for (u64 i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+        u64 body = (len - head) / 8;
+        const u8* s2 = src + head;
+        u64* d2 = (u64*)(dst + head);
+        if ((((u64)s2) & 7) == 0) {
+            const u64* s8 = (const u64*)s2;
+            for (u64 i = threadIdx.x; i < body; i += blockDim.x) d2[i] = s8[i];
+        } else {
+            for (u64 i = threadIdx.x; i < body; i += blockDim.x) {
+                const u8* q = s2 + 8 * i;
+                u64 v = 0;
+                for (int k = 7; k >= 0; --k) v = (v << 8) | q[k];
+                d2[i] = v;
+            }
+        }
+        for (u64 i = head + 8 * body + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+// segs: 3 u64 per segment: destination, length, byte value
+extern "C" __global__ void fill_segments(const u64* segs, u64 nseg) {
+    for (u64 s = blockIdx.x; s < nseg; s += gridDim.x) {
+        u8* dst = (u8*)segs[3 * s];
+        u64 len = segs[3 * s + 1];
+        u8 val = (u8)segs[3 * s + 2];
+        for (u64 i = threadIdx.x; i < len; i += blockDim.x) dst[i] = val;
+    }
+}
+"""
+
+
+def source() -> str:
+    return _BODY.replace("@CONSTS@", _consts())
+
+
+def variant(dt, layout: int) -> tuple[int, int, int, int] | None:
+    """(unit bytes, mode, ebits, mbits) of the split/merge instantiation for a dtype's
+    layout, or None when no kernel handles it (the decoder then merges on the host)."""
+    from .. import _planes
+    if layout == _planes.FLAT:
+        return 1, MODE_FLAT, 0, 0
+    if layout == _planes.BYTES:
+        return (dt.itemsize, MODE_BYTES, 0, 0) if dt.itemsize in _CTYPE else None
+    if layout == getattr(_planes, "FLOAT_SM", None):
+        ok = dt.ebits == 8 and dt.mbits % 8 == 7 and dt.word in (2, 4)
+        return (dt.word, MODE_SM, dt.ebits, dt.mbits) if ok else None
+    if layout != _planes.FLOAT or dt.word not in _CTYPE:
+        return None
+    if dt.ebits + dt.mbits <= 7:
+        return dt.word, MODE_MAG, 0, 0
+    return dt.word, MODE_FLOAT, dt.ebits, dt.mbits
+
+
+def expressions() -> list[str]:
+    """Every split/merge instantiation the known dtypes need (compiled together once)."""
+    from .. import _planes
+    from .._dtypes import BY_NAME
+    seen: list[tuple[int, int, int, int]] = []
+    layouts = [_planes.FLAT, _planes.FLOAT, _planes.BYTES]
+    if hasattr(_planes, "FLOAT_SM"):
+        layouts.append(_planes.FLOAT_SM)
+    for dt in BY_NAME.values():
+        for layout in layouts:
+            if layout == _planes.FLOAT and not dt.is_float:
+                continue
+            v = variant(dt, layout)
+            if v is not None and v not in seen:
+                seen.append(v)
+    return [kernel_name(k, *v) for k in ("split", "merge") for v in seen]

@@ -1,0 +1,68 @@
+"""How the GPU path codes planes: a frozen, JSON-round-tripping config."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CODECS = ("ans", "gdeflate", "deflate", "raw")
+LAYOUTS = ("float", "sm")
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """Which nvCOMP codec codes which plane role.
+
+    * ``exponent`` — exponent planes of floats and the 7-bit magnitude plane of fp8.
+    * ``mantissa`` — mantissa planes of floats.
+    * ``other`` — sign planes, byte-grouped integer planes and flat (byte) planes.
+
+    Each is ``"ans"`` (nvCOMP ANS over bytes, GPU-only), ``"gdeflate"`` (nvCOMP GDeflate;
+    CPU-decodable where nvCOMP's CPU library is installed), ``"deflate"`` (nvCOMP
+    Deflate; any CPU decodes it with zlib) or ``"raw"`` (not coded). ``chunk`` is
+    nvCOMP's chunk size in bytes. Planes that do not shrink are stored raw and constant
+    planes as one byte, whatever the profile.
+
+    ``layout``: ``"float"`` writes the ``FLOAT`` plane layout (packed signs, exponent
+    planes, mantissa planes); ``"sm"`` writes ``FLOAT_SM`` where the dtype allows it
+    (bf16, fp32, complex64: exponent byte, sign|top-7-mantissa byte, lower bytes),
+    which holds the same bits in whole bytes.
+    """
+
+    name: str = "default"
+    exponent: str = "ans"
+    mantissa: str = "ans"
+    other: str = "ans"
+    gdeflate_algorithm: int = 0
+    deflate_algorithm: int = 0
+    chunk: int = 1 << 16
+    layout: str = "float"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown GPU plane layout {self.layout!r}; use one of {LAYOUTS}")
+        for role in (self.exponent, self.mantissa, self.other):
+            if role not in CODECS:
+                raise ValueError(f"unknown GPU plane codec {role!r}; use one of {CODECS}")
+        if self.chunk <= 0 or self.chunk % 256 or self.chunk > 1 << 24:
+            raise ValueError("chunk must be a positive multiple of 256 bytes, at most 16 MiB")
+
+    @property
+    def portable(self) -> bool:
+        """True when every plane this profile writes decodes on a CPU with zlib alone."""
+        return all(c in ("deflate", "raw") for c in (self.exponent, self.mantissa, self.other))
+
+    def get_config(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "GpuProfile":
+        return cls(**config)
+
+
+DEFAULT = GpuProfile()
+# the design's split: ANS on exponents, GDeflate (entropy-only) on mantissas
+GDEFLATE_MANTISSA = GpuProfile(name="gdeflate-mantissa", mantissa="gdeflate")
+# every plane decodes on any CPU (zlib)
+PORTABLE = GpuProfile(name="portable", exponent="deflate", mantissa="deflate", other="deflate")
+
+PROFILES = {p.name: p for p in (DEFAULT, GDEFLATE_MANTISSA, PORTABLE)}
