@@ -569,6 +569,37 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _runs_as(user, py: str, env: dict) -> bool:
+    try:
+        res = subprocess.run([py, "-c", "import s4fs.service.runner, s4fs.mount"],
+                             user=user.pw_uid, group=user.pw_gid, extra_groups=[], cwd="/",
+                             env=dict(os.environ, **env), capture_output=True, timeout=60)
+    except PermissionError:
+        return False
+    return res.returncode == 0
+
+
+def _interpreter_for(user, folder: str) -> tuple[str, dict]:
+    """An interpreter the unprivileged ``user`` can run, with this environment's
+    packages: the test's own, or — when that one lives where the user cannot reach it
+    (a pyenv build under /root) — the system Python of the same version, pointed at this
+    environment's site-packages by a ``sitecustomize`` in ``folder``."""
+    if _runs_as(user, PY, {}):
+        return PY, {}
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    import site
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    if os.path.exists(system) and dirs:
+        with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+            f.write("import site\n" + "".join(f"site.addsitedir({d!r})\n" for d in dirs))
+        os.chmod(os.path.join(folder, "sitecustomize.py"), 0o644)
+        env = {"PYTHONPATH": folder}
+        if _runs_as(user, system, env):
+            return system, env
+    pytest.skip(f"neither {PY} nor {system} with this environment's packages can be run by an "
+                "unprivileged user; run the suite from a venv made with a system Python")
+
+
 def _kill_runner(proc) -> None:
     """Teardown after a failure: the runner and the mount daemon it started (which runs
     in its own session, so killing the runner alone would leave it behind)."""
@@ -595,23 +626,13 @@ def test_runner_as_non_root_user_mounts_reports_healthy_and_unmounts_on_sigterm(
     if why:
         pytest.skip(why)
     with _throwaway_user() as user, _world_rw_dev_fuse():
-        try:
-            probe = subprocess.run([PY, "-c", "import s4fs.service.runner"], user=user.pw_uid,
-                                   group=user.pw_gid, extra_groups=[], capture_output=True,
-                                   timeout=60, cwd="/")
-            usable = probe.returncode == 0
-        except PermissionError:
-            usable = False
-        if not usable:
-            pytest.skip(f"the test interpreter {PY} cannot be run by an unprivileged user (it "
-                        "lives under a private directory such as /root); run the suite from a "
-                        "venv made with a system Python, as `make test` does")
         base = tempfile.mkdtemp(prefix="s4fs-runner-test-")
         os.chmod(base, 0o755)
-        proc = None
-        notify = _Notify(base)
+        proc = notify = None
         mnt = os.path.join(base, "mnt")
         try:
+            py, py_env = _interpreter_for(user, base)
+            notify = _Notify(base)
             for d in ("store", "mnt", "cache"):
                 os.mkdir(os.path.join(base, d))
                 os.chown(os.path.join(base, d), user.pw_uid, user.pw_gid)
@@ -622,8 +643,8 @@ def test_runner_as_non_root_user_mounts_reports_healthy_and_unmounts_on_sigterm(
                 runner="mount_timeout_s = 60\nstop_timeout_s = 20")
             os.chmod(cfg, 0o644)
             env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-            env.update(NOTIFY_SOCKET=notify.path, HOME=base)
-            proc = subprocess.Popen([PY, "-m", "s4fs.cli", "runner", "--config", cfg],
+            env.update(py_env, NOTIFY_SOCKET=notify.path, HOME=base)
+            proc = subprocess.Popen([py, "-m", "s4fs.cli", "runner", "--config", cfg],
                                     user=user.pw_uid, group=user.pw_gid, extra_groups=[],
                                     env=env, cwd=base, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
@@ -644,10 +665,11 @@ def test_runner_as_non_root_user_mounts_reports_healthy_and_unmounts_on_sigterm(
             # bytes written through the mount by that user come back exactly
             payload = os.urandom(100_000)
             rt = subprocess.run(
-                [PY, "-c", "import sys; p=sys.argv[1]; d=sys.stdin.buffer.read(); "
+                [py, "-c", "import sys; p=sys.argv[1]; d=sys.stdin.buffer.read(); "
                  "open(p,'wb').write(d); sys.stdout.buffer.write(open(p,'rb').read())",
                  os.path.join(mnt, "x.bin")], input=payload, capture_output=True,
-                user=user.pw_uid, group=user.pw_gid, extra_groups=[], timeout=60)
+                user=user.pw_uid, group=user.pw_gid, extra_groups=[], timeout=60, cwd="/",
+                env=dict(os.environ, **py_env))
             assert rt.returncode == 0 and rt.stdout == payload, rt.stderr[-500:]
 
             proc.send_signal(signal.SIGTERM)
@@ -661,7 +683,8 @@ def test_runner_as_non_root_user_mounts_reports_healthy_and_unmounts_on_sigterm(
             _kill_runner(proc)
             if mounted_at(mnt):
                 subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-            notify.close()
+            if notify is not None:
+                notify.close()
             shutil.rmtree(base, ignore_errors=True)
 
 
