@@ -1,0 +1,468 @@
+"""GPU codec tests.
+
+* ``gpu``-marked tests run on a CUDA machine with CuPy and nvCOMP (skipped elsewhere,
+  with the reason): every adversarial set GPU→GPU for every profile, CPU→GPU,
+  GPU(portable)→CPU, golden fixtures, corruption, device inputs and outputs.
+* The rest run anywhere: golden GPU blobs on a CPU-only machine, ``device="cuda"``
+  without a GPU, imports that must not load CuPy, and the whole GPU pipeline on the
+  CPU emulation of its kernels (needs g++), which checks every kernel bit for bit
+  against ``_planes`` and ``xxhash``.
+
+Golden fixtures (tests/fixtures/gpu/) were written once on an H200 with
+``S4FS_WRITE_GPU_FIXTURES=1 pytest tests/test_gpu.py -k write_golden`` and are never
+regenerated: every later version must still read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import xxhash
+
+from s4fs.codec import (ChecksumError, CodecError, CodecUnavailableError, FormatError,
+                        compress, decompress, gpu_available, inspect)
+from s4fs.codec import _container as C
+from s4fs.codec import _plane_codecs as P
+from s4fs.codec import _planes
+from s4fs.codec._dtypes import lookup
+from s4fs.errors import BaseMismatchError, UnsupportedVersionError
+from s4fs.testing import adversarial as A
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
+MANIFEST = os.path.join(FIXTURES, "manifest.json")
+gpu = pytest.mark.gpu
+
+
+def _cases(n_random: int = 200_000):
+    out = [(name, dt, data, None) for name, dt, data in A.all_cases(n_random=n_random)]
+    return out + list(A.delta_cases())
+
+
+def _manifest() -> dict:
+    if not os.path.exists(MANIFEST):
+        pytest.skip("golden GPU fixtures are not written yet (they are made once on a GPU)")
+    with open(MANIFEST) as fh:
+        return json.load(fh)
+
+
+def _fixture(name: str, entry: dict):
+    with open(os.path.join(FIXTURES, name + ".s4"), "rb") as fh:
+        blob = fh.read()
+    base = None
+    if entry.get("base"):
+        with open(os.path.join(FIXTURES, entry["base"]), "rb") as fh:
+            base = fh.read()
+    return blob, base
+
+
+# --------------------------------------------------------------------------- anywhere
+
+def test_import_loads_no_gpu_library():
+    code = ("import sys, s4fs, s4fs.codec, s4fs.codec.gpu; "
+            "bad = [m for m in sys.modules if m.split('.')[0] == 'cupy' or "
+            "m.startswith('nvidia.nvcomp')]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present here")
+def test_device_cuda_without_gpu_fails_clearly():
+    with pytest.raises(CodecUnavailableError) as exc:
+        compress(b"\0" * 1024, "bfloat16", device="cuda")
+    msg = str(exc.value)
+    assert "device='cuda' needs a CUDA GPU" in msg and "pip install" in msg
+    blob = compress(b"\1" * 4096, "bfloat16", device="cpu")
+    with pytest.raises(CodecUnavailableError):
+        decompress(blob, device="cuda")
+    assert decompress(blob, device="auto") == b"\1" * 4096
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present here")
+def test_golden_gpu_blobs_on_a_cpu_only_machine():
+    from s4fs.codec.gpu import _codecs
+    manifest = _manifest()
+    seen_ans = 0
+    for name, entry in manifest.items():
+        blob, base = _fixture(name, entry)
+        codecs = {p["codec"] for p in inspect(blob).planes}
+        if "nvcomp-ans" in codecs:
+            seen_ans += 1
+            with pytest.raises(CodecUnavailableError) as exc:
+                decompress(blob, base=base)
+            msg = str(exc.value)
+            assert "nvCOMP ANS" in msg and "GPU" in msg and "pip install" in msg
+        elif "nvcomp-gdeflate" in codecs and _codecs.cpu_gdeflate() is None:
+            with pytest.raises(CodecUnavailableError, match="GDeflate"):
+                decompress(blob, base=base)
+        else:      # portable blobs (and GDeflate with nvCOMP's CPU library) decode here
+            out = decompress(blob, base=base)
+            assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
+    assert seen_ans
+
+
+def test_golden_fixtures_are_what_they_claim():
+    manifest = _manifest()
+    for name, entry in manifest.items():
+        blob, _ = _fixture(name, entry)
+        info = inspect(blob)
+        assert info.dtype == entry["dtype"] and info.raw_len == entry["raw_len"], name
+        assert sorted({p["codec"] for p in info.planes}) == sorted(entry["codecs"]), name
+        for p in info.planes:
+            if p["codec"].startswith("nvcomp"):
+                assert p["major"] == 1
+
+
+def test_profile_config_round_trips():
+    from s4fs.codec.gpu import PROFILES, GpuProfile
+    for p in PROFILES.values():
+        assert GpuProfile.from_config(json.loads(json.dumps(p.get_config()))) == p
+    with pytest.raises(ValueError):
+        GpuProfile(exponent="lz4")
+    assert PROFILES["portable"].portable and not PROFILES["default"].portable
+
+
+def test_ans_version_is_refused_across_majors():
+    from s4fs.codec.gpu import _codecs
+    _codecs.check_ans_version((6, 0, 0), (6, 1, 2))
+    with pytest.raises(CodecUnavailableError, match="nvCOMP ANS 5.0.1.*6.0.0.*5.x"):
+        _codecs.check_ans_version((5, 0, 1), (6, 0, 0))
+
+
+def test_deflate_twin_and_payload_checks():
+    """The CPU twin of nvcomp-deflate writes what zlib (and nvCOMP) reads."""
+    from s4fs.codec.gpu import _codecs, _payload
+    rng = np.random.default_rng(3)
+    plane = (rng.standard_normal(300_000) * 4).astype(np.int8).view(np.uint8).tobytes()
+    codec = _codecs.NvcompDeflate()
+    enc = codec.encode(plane)
+    assert enc is not None and len(enc) < len(plane)
+    assert codec.decode(enc, len(plane)) == plane
+    head = _payload.parse(enc, len(plane), "nvcomp-deflate")
+    assert head.nchunks == -(-len(plane) // codec.chunk) and head.version == (0, 0, 0)
+    bad = bytearray(enc)
+    bad[_payload.FIXED_SIZE] ^= 1                       # chunk table no longer adds up
+    with pytest.raises(FormatError):
+        codec.decode(bytes(bad), len(plane))
+    with pytest.raises(FormatError):
+        codec.decode(enc[:5], len(plane))
+
+
+# --------------------------------------------------------------------------- emulation
+
+def _emulated():
+    from s4fs.codec.gpu import _emulate
+    if _emulate.compiler() is None:
+        pytest.skip("no C++ compiler to emulate the GPU kernels")
+    from s4fs.codec.gpu._backend import EmulatedBackend
+    return EmulatedBackend()
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return _emulated()
+
+
+def test_emulated_xxh3_matches_xxhash(emu):
+    from s4fs.codec.gpu import _common
+    rng = np.random.default_rng(0)
+    lens = list(range(0, 260)) + [1023, 1024, 1025, 1088, 2049, 65536 + 17, 1 << 20]
+    bufs = [emu.empty(n) for n in lens]
+    for buf, n in zip(bufs, lens):
+        buf[:n] = rng.integers(0, 256, n, dtype=np.uint8)
+    keep: list = []
+    d = _common.hash_buffers(emu, [emu.ptr(x) for x in bufs], lens, keep)
+    got = np.frombuffer(d[: 8 * len(lens)].tobytes(), dtype=np.uint64)
+    want = [xxhash.xxh3_64_intdigest(x[:n].tobytes()) for x, n in zip(bufs, lens)]
+    assert [int(g) for g in got] == want
+
+
+@pytest.mark.parametrize("profile", ["default", "portable", "gdeflate-mantissa", "sm"])
+def test_emulated_pipeline_round_trips_every_adversarial_set(emu, profile):
+    from s4fs.codec.gpu import PROFILES, GpuProfile, _decode, _encode
+    prof = PROFILES.get(profile) or GpuProfile(name="sm", layout="sm")
+    cases = _cases(20_000)
+    blobs = _encode.compress_many([(x, d, b) for _, d, x, b in cases], profile=prof, backend=emu)
+    outs = _decode.decompress_many(blobs, [b for *_, b in cases], backend=emu)
+    for (name, _, data, _), blob, out in zip(cases, blobs, outs):
+        assert out == data, name
+        assert len(blob) <= len(data) + 64, name
+        C.unpack(blob)
+    if prof.portable:          # every plane is raw, const or deflate: any CPU reads it
+        for (name, _, data, base), blob in zip(cases, blobs):
+            assert decompress(blob, base=base, device="cpu") == data, name
+
+
+def test_emulated_planes_are_the_cpu_planes(emu):
+    """The split kernel writes exactly ``_planes.split``'s planes, for every layout."""
+    from s4fs.codec.gpu import _common, _kernels
+    for name, dtn, data in A.all_cases(n_random=5000):
+        dt = lookup(dtn)
+        for layout in _planes.LAYOUTS:
+            if _kernels.variant(dt, layout) is None or (layout == _planes.FLOAT and not dt.is_float):
+                continue
+            job = _common.plan(dt, layout, len(data))
+            total, nplanes = _common.place([job])
+            src, scratch, flags = emu.empty(len(data)), emu.empty(total), emu.zeros(4 * nplanes + 4)
+            src[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+            keep: list = []
+            d = _common.descriptors([job], [emu.ptr(src)], [0], emu.ptr(scratch))
+            _common.launch_planes(emu, "split", [job], d, emu.ptr(flags), keep)
+            ref = _planes.split(memoryview(data), dt, layout)
+            got = [scratch[p.off: p.off + p.raw].tobytes() for p in job.planes]
+            assert got == [bytes(r) for r in ref], (name, layout)
+
+
+def test_emulated_cpu_blobs_decode(emu):
+    from s4fs.codec.gpu import _decode
+    cases = _cases(20_000)
+    blobs = [compress(x, d, base=b, device="cpu") for _, d, x, b in cases]
+    outs = _decode.decompress_many(blobs, [b for *_, b in cases], backend=emu)
+    assert [o == x for o, (_, _, x, _) in zip(outs, cases)] == [True] * len(cases)
+
+
+def test_emulated_headers_are_the_containers(emu):
+    from s4fs.codec.gpu import _encode
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal(50_000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    blob = _encode.compress_many([(data.tobytes(), "bfloat16")], backend=emu)[0]
+    head = C.unpack(blob)
+    payloads = []
+    pos = head.payload_offset
+    for p in head.planes:
+        payloads.append(bytes(blob[pos: pos + p.enc_len]))
+        pos += p.enc_len
+    again = C.pack(head.dtype_code, head.flags, head.layout, head.checksum, head.base_checksum,
+                   head.raw_len, [(p.codec_id, p.codec_major, p.raw_len, x)
+                                  for p, x in zip(head.planes, payloads)])
+    assert again == blob
+
+
+def test_emulated_corruption_raises_typed_errors(emu):
+    from s4fs.codec.gpu import _decode, _encode
+    rng = np.random.default_rng(2)
+    data = (rng.standard_normal(100_000) * 0.02).astype(np.float16).tobytes()
+    base = rng.bytes(len(data))
+    blob = _encode.compress_many([(data, "float16")], backend=emu)[0]
+    head = C.unpack(blob)
+    for pos in (head.payload_offset + 9, len(blob) // 2, len(blob) - 3, 12):
+        bad = bytearray(blob)
+        bad[pos] ^= 0x5A
+        with pytest.raises(CodecError):
+            _decode.decompress_many([bytes(bad)], backend=emu)
+    with pytest.raises(FormatError):
+        _decode.decompress_many([blob[:-1]], backend=emu)
+    delta = _encode.compress_many([(data, "float16", base)], backend=emu)[0]
+    with pytest.raises(BaseMismatchError):
+        _decode.decompress_many([delta], [rng.bytes(len(data))], backend=emu)
+    with pytest.raises(BaseMismatchError):
+        _decode.decompress_many([delta], backend=emu)
+
+
+def test_emulated_ans_blob_from_another_nvcomp_major_is_refused(emu):
+    from s4fs.codec.gpu import _decode, _encode
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal(40_000).astype(np.float32).tobytes()
+    blob = bytearray(_encode.compress_many([(data, "float32")], backend=emu)[0])
+    head = C.unpack(bytes(blob))
+    pos = head.payload_offset
+    for p in head.planes:
+        if p.codec_id == P.NVCOMP_ANS:
+            blob[pos] = 5                                 # "written by nvCOMP 5"
+        pos += p.enc_len
+    with pytest.raises(CodecUnavailableError, match="nvCOMP ANS 5"):
+        _decode.decompress_many([bytes(blob)], backend=emu)
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+PROFILE_NAMES = ["default", "portable", "gdeflate-mantissa", "sm", "sm-raw"]
+
+
+def _profile(name):
+    from s4fs.codec.gpu import PROFILES, GpuProfile
+    if name == "sm":
+        return GpuProfile(name="sm", layout="sm")
+    if name == "sm-raw":
+        return GpuProfile(name="sm-raw", layout="sm", mantissa="raw")
+    return PROFILES[name]
+
+
+@gpu
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_gpu_round_trips_every_adversarial_set(profile):
+    from s4fs.codec import gpu as G
+    prof = _profile(profile)
+    cases = _cases()
+    blobs = G.compress_many([(x, d, b) for _, d, x, b in cases], profile=prof)
+    outs = G.decompress_many(blobs, [b for *_, b in cases])
+    for (name, _, data, base), blob, out in zip(cases, blobs, outs):
+        assert out == data, name
+        assert len(blob) <= len(data) + 64, name
+        # the single-chunk API agrees, on the GPU and (portable) on the CPU
+        assert decompress(blob, base=base, device="cuda") == data, name
+        if prof.portable:
+            assert decompress(blob, base=base, device="cpu") == data, name
+
+
+@gpu
+def test_gpu_single_chunk_api():
+    cases = _cases()
+    for name, dt, data, base in cases:
+        blob = compress(data, dt, base=base, device="cuda")
+        assert decompress(blob, base=base, device="cuda") == data, name
+
+
+@gpu
+def test_cpu_encode_gpu_decode():
+    from s4fs.codec import gpu as G
+    cases = _cases()
+    blobs = [compress(x, d, base=b, device="cpu") for _, d, x, b in cases]
+    outs = G.decompress_many(blobs, [b for *_, b in cases])
+    for (name, _, data, base), blob, out in zip(cases, blobs, outs):
+        assert out == data, name
+        assert decompress(blob, base=base, device="cuda") == data, name
+
+
+@gpu
+def test_codec_twins_decode_each_other():
+    """nvCOMP Deflate ↔ zlib and nvCOMP GDeflate ↔ nvCOMP's CPU library, plane by plane."""
+    from s4fs.codec import gpu as G
+    from s4fs.codec.gpu import GpuProfile, _codecs
+    rng = np.random.default_rng(5)
+    data = (rng.standard_normal(1 << 20).astype(np.float32).view(np.uint32) >> 16)
+    data = data.astype(np.uint16).tobytes()
+    for name, twin in (("deflate", _codecs.NvcompDeflate()), ("gdeflate", _codecs.NvcompGdeflate())):
+        if name == "gdeflate" and _codecs.cpu_gdeflate() is None:
+            continue
+        prof = GpuProfile(name=name, exponent=name, mantissa=name, other=name)
+        blob = G.compress(data, lookup("bfloat16"), profile=prof)
+        assert decompress(blob, device="cpu") == data               # GPU → CPU
+        dt = lookup("bfloat16")
+        planes = _planes.split(memoryview(data), dt, _planes.FLOAT)
+        coded = []
+        for p in planes:
+            enc = twin.encode(p)
+            raw = bytes(p)
+            coded.append((twin.codec_id, 1, len(raw), enc) if enc else (P.RAW, 1, len(raw), raw))
+        cpu_blob = C.pack(dt.code, 0, _planes.FLOAT, xxhash.xxh3_64_intdigest(data), None,
+                          len(data), coded)
+        assert decompress(cpu_blob, device="cuda") == data           # CPU → GPU
+
+
+@gpu
+def test_device_inputs_and_outputs():
+    import cupy
+    import torch
+    from s4fs.codec import gpu as G
+    torch.manual_seed(0)
+    w = torch.randn(3, 1 << 20, device="cuda").to(torch.bfloat16)
+    b = w + 1e-3 * torch.randn_like(w)
+    odd = cupy.asarray(np.frombuffer(np.random.default_rng(0).bytes(1 << 20 | 7), np.uint8))[3:]
+    items = [(w[0], "bfloat16"), (w[1:], "bfloat16", b[1:]), (cupy.asarray(w[2].float()), "float32"),
+             (odd, "float32"), (w[0].cpu(), "bfloat16"), (w[0].float().cpu().numpy(), "float32")]
+    want = [w[0].cpu(), w[1:].cpu(), w[2].float().cpu(), cupy.asnumpy(odd), w[0].cpu(),
+            w[0].float().cpu()]
+    want = [(x.contiguous().view(torch.uint8).numpy() if isinstance(x, torch.Tensor) else x)
+            .tobytes() for x in want]
+    for out in ("device", "host", "bytes"):
+        blobs = G.compress_many(items, out=out)
+        outs = G.decompress_many(blobs, [None, b[1:], None, None, None, None], out=out)
+        for k, (blob, res, exp) in enumerate(zip(blobs, outs, want)):
+            got = cupy.asnumpy(res).tobytes() if out == "device" else bytes(res)
+            assert got == exp, (out, k)
+    assert torch.equal(torch.as_tensor(G.decompress_many(G.compress_many(items[:1], out="device"),
+                                                         out="device")[0], device="cuda"),
+                       w[0].contiguous().view(torch.uint8).reshape(-1))
+
+
+@gpu
+def test_gpu_corruption_raises_typed_errors():
+    from s4fs.codec import gpu as G
+    rng = np.random.default_rng(6)
+    data = (rng.standard_normal(1 << 19) * 0.02).astype(np.float16).tobytes()
+    blob = G.compress(data, lookup("float16"))
+    head = C.unpack(blob)
+    assert any(p.codec_id >= 16 for p in head.planes)
+    for pos in (head.payload_offset + 9, len(blob) // 2, len(blob) - 3, 12, 20):
+        bad = bytearray(blob)
+        bad[pos] ^= 0x5A
+        with pytest.raises(CodecError):
+            decompress(bytes(bad), device="cuda")
+        with pytest.raises(CodecError):
+            G.decompress_many([bytes(bad)])
+    with pytest.raises(FormatError):
+        G.decompress_many([blob[:-1]])
+    bad = bytearray(blob)
+    bad[4] = 9                                  # container major from the future
+    with pytest.raises(UnsupportedVersionError):
+        G.decompress_many([bytes(bad)])
+
+
+@gpu
+def test_gpu_golden_fixtures():
+    from s4fs.codec import gpu as G
+    manifest = _manifest()
+    for name, entry in manifest.items():
+        blob, base = _fixture(name, entry)
+        out = G.decompress_many([blob], [base])[0]
+        assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
+        assert hashlib.sha256(decompress(blob, base=base, device="cuda")).hexdigest() == entry["sha256"]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+def _golden_inputs():
+    rng = np.random.default_rng(20240601)
+    bf = (rng.standard_normal(1 << 17).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    f32 = rng.standard_normal(1 << 16).astype(np.float32).view(np.uint32)
+    f32[::97] = np.resize(np.array(A.FLOAT_SPECIALS_32, dtype=np.uint32), len(f32[::97]))
+    base = f32.copy()
+    base[::3] ^= np.uint32(0x10)
+    f16 = (rng.standard_normal(1 << 16) * 0.02).astype(np.float16)
+    return {
+        "bf16-weights": ("bfloat16", bf.tobytes(), None),
+        "bf16-all-patterns": ("bfloat16", np.arange(1 << 16, dtype=np.uint16).tobytes(), None),
+        "fp32-specials": ("float32", f32.tobytes(), None),
+        "fp32-delta": ("float32", f32.tobytes(), base.tobytes()),
+        "fp16-weights": ("float16", f16.tobytes(), None),
+        "fp8-all-patterns": ("float8_e4m3fn", bytes(range(256)) * 64, None),
+        "int64-steps": ("int64", np.arange(1 << 14, dtype=np.int64).tobytes(), None),
+    }
+
+
+@gpu
+@pytest.mark.skipif(not os.environ.get("S4FS_WRITE_GPU_FIXTURES"),
+                    reason="writes golden fixtures once (S4FS_WRITE_GPU_FIXTURES=1)")
+def test_write_golden_fixtures():
+    from s4fs.codec import gpu as G
+    target = os.environ.get("S4FS_GPU_FIXTURE_DIR", FIXTURES)
+    if os.path.exists(os.path.join(target, "manifest.json")):
+        pytest.skip("golden fixtures exist; they are never regenerated")
+    os.makedirs(target, exist_ok=True)
+    manifest = {}
+    for profile in ("default", "gdeflate-mantissa", "portable", "sm"):
+        prof = _profile(profile)
+        for name, (dt, data, base) in _golden_inputs().items():
+            blob = G.compress(data, lookup(dt), base=base, profile=prof)
+            key = f"{name}.{profile}"
+            with open(os.path.join(target, key + ".s4"), "wb") as fh:
+                fh.write(blob)
+            entry = {"dtype": dt, "raw_len": len(data), "profile": profile,
+                     "sha256": hashlib.sha256(data).hexdigest(),
+                     "codecs": sorted({p["codec"] for p in inspect(blob).planes}),
+                     "nvcomp": ".".join(map(str, G.nvcomp_version() or ())), "base": None}
+            if base is not None:
+                entry["base"] = name + ".base"
+                with open(os.path.join(target, name + ".base"), "wb") as fh:
+                    fh.write(base)
+            manifest[key] = entry
+            assert decompress(blob, base=base, device="cuda") == data
+    with open(os.path.join(target, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
