@@ -93,7 +93,8 @@ def compress(data, dt, *, base=None, profile=None) -> bytes:
     return _many([(data, dt, base)], profile=profile, out="bytes")[0]
 
 
-def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes") -> list:
+def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes",
+                  timer=None) -> list:
     """Compress a whole batch (e.g. every chunk of a checkpoint) in a few launches.
 
     ``items``: ``(data, dtype)`` or ``(data, dtype, base)``; data and base are torch
@@ -102,10 +103,11 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     ``"device"`` (CuPy views into one device buffer).
     """
     from ._encode import compress_many as _many
-    return _many(items, profile=profile, out=out)
+    return _many(items, profile=profile, out=out, timer=timer)
 
 
-def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = True) -> list:
+def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = True,
+                    timer=None) -> list:
     """Decode a batch of blobs (host bytes-likes or device arrays) in a few launches.
 
     ``bases``: one delta base or ``None`` per blob. ``out`` as for
@@ -114,7 +116,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     checked against its recorded checksum on the device unless ``verify=False``.
     """
     from ._decode import decompress_many as _many
-    return _many(blobs, bases, out=out, verify=verify)
+    return _many(blobs, bases, out=out, verify=verify, timer=timer)
 
 
 def decompress_planes(blob, head, dt) -> bytes:

@@ -126,7 +126,8 @@ class CudaBackend:
         fn = self._fns.get(name)
         if fn is None:
             fn = self._fns[name] = self._module.get_function(name)
-        fn(grid, (block,), tuple(np.uint64(a) for a in args), stream=self.stream)
+        with self.device, self.stream:
+            fn(grid, (block,), tuple(np.uint64(a) for a in args))
 
     # ---- nvCOMP
     def _codec(self, spec: CodecSpec):

