@@ -174,6 +174,34 @@ def test_runner_bad_config_exits_78(tmp_path, caplog):
     assert "refusing to start" in caplog.text and "device" in caplog.text
 
 
+# --- codec self-check --------------------------------------------------------------------
+
+def test_codec_self_check_passes_on_cpu():
+    from s4fs.service import selfcheck
+    r = selfcheck.run("cpu")
+    assert r.ok and r.cases >= 50, r.detail
+    assert "bit-exact" in r.detail
+
+
+def test_runner_refuses_to_start_when_the_codec_check_fails(tmp_path, caplog):
+    """device = "cuda" on a machine without a usable GPU: the self-check fails, the
+    runner exits 70 before serving or mounting anything."""
+    from s4fs.codec import gpu_available
+    if gpu_available():
+        pytest.skip("a usable GPU is present, so the cuda self-check passes here")
+    port = free_port()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cfg = write_config(tmp_path / "c.toml",
+                       top=f'store = "{tmp_path / "store"}"\nmountpoint = "{mnt}"\n'
+                           'device = "cuda"',
+                       health=f'address = "127.0.0.1"\nport = {port}')
+    with caplog.at_level(logging.ERROR, logger="s4fs.runner"):
+        assert runner.main(["--config", cfg]) == runner.EX_SOFTWARE
+    assert "refusing to start" in caplog.text and "cuda" in caplog.text
+    assert not listening(port) and mounted_at(str(mnt)) is None
+
+
 # --- metrics ---------------------------------------------------------------------------
 
 def _sample(text: str, name: str) -> float:
