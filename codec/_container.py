@@ -26,8 +26,9 @@ from s4fs.errors import FormatError, UnsupportedVersionError
 
 MAGIC = b"S4CK"
 MAJOR = 1
-MINOR = 0
+MINOR = 1               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec
 FLAG_DELTA = 1
+KNOWN_FLAGS = FLAG_DELTA
 
 _FIXED = struct.Struct("<4sBBBBBBQ")
 
@@ -114,6 +115,10 @@ def unpack(blob) -> Header:
         raise UnsupportedVersionError(
             f"chunk format v{major}.{minor} is not readable by this s4fs (reads v{MAJOR}.x); "
             f"upgrade s4fs to read it")
+    if flags & ~KNOWN_FLAGS:
+        raise UnsupportedVersionError(
+            f"chunk sets flags 0x{flags:02x} that this s4fs does not know; upgrade s4fs "
+            f"to read it (or the blob is corrupt)")
     pos = _FIXED.size
     base_checksum = None
     if flags & FLAG_DELTA:

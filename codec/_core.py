@@ -28,11 +28,15 @@ class CpuProfile:
     * exponent-like planes get Huffman-only deflate (the order-0 entropy; zstd's matching
       costs 5-10 % there), or deflate RLE when more than ``rle_zeros`` of the plane is
       zero bytes (unseen rows of optimizer state, deltas), where runs pay.
+    * ``entropy`` "auto" codes exponent planes as literal-only zstd frames when
+      python-zstandard's sequence API loads (``_zstd_seq``), else with deflate;
+      "deflate" forces deflate.
     * ``layout`` None picks per dtype (``_planes.cpu_layout_for``); tests may force one.
     """
 
     zstd_level: int = 1
     rle_zeros: float = 0.02
+    entropy: str = "auto"
     layout: int | None = None
 
 
@@ -86,10 +90,11 @@ def _is_const(arr: np.ndarray) -> bool:
     return arr.size > 0 and not np.any(arr != arr[0])
 
 
-def _entropy_code(arr: np.ndarray, runs: bool) -> tuple[int, int, bytes | None]:
+def _entropy_code(arr: np.ndarray, runs: bool, profile: CpuProfile,
+                  ) -> tuple[int, int, bytes | None]:
     """Order-0 coding (plus zero runs when ``runs``) of one plane: a literal-only zstd
     frame when python-zstandard's sequence API is there, else deflate."""
-    if _zstd_seq.available():
+    if profile.entropy == "auto" and _zstd_seq.available():
         enc = _zstd_seq.encode(arr, runs=runs)
         cid, major = P.ZSTD, P.Zstd.major
     else:
@@ -107,7 +112,7 @@ def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, 
         zeros = n - np.count_nonzero(arr)
         if zeros == n or (zeros == 0 and _is_const(arr)):
             return P.CONST, P.Const.major, arr[:1].tobytes()
-        cid, major, enc = _entropy_code(arr, runs=zeros > profile.rle_zeros * n)
+        cid, major, enc = _entropy_code(arr, zeros > profile.rle_zeros * n, profile)
     else:
         enc = P.Zstd(profile.zstd_level).encode(arr)
         cid, major = P.ZSTD, P.Zstd.major
@@ -118,7 +123,7 @@ def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, 
         # cost more than they save; a skewed byte plane (low mantissa bytes of partly
         # low-precision tensors) still gains from plain Huffman coding
         if best > 0.9 * n and _entropy_bits(arr) < 7.92 * best / n:
-            hid, hmajor, huff = _entropy_code(arr, runs=False)
+            hid, hmajor, huff = _entropy_code(arr, False, profile)
             if huff is not None and len(huff) < best:
                 enc, cid, major = huff, hid, hmajor
     if enc is None:
@@ -187,6 +192,8 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
         base_sum = checksum(b)
         src = memoryview(xor(raw, b))
     layout = _planes.cpu_layout_for(dt) if profile.layout is None else profile.layout
+    if not _planes.fits(dt, layout):
+        raise CodecError(f"plane layout {layout} is not defined for {dt.name}")
     planes = _planes.split(src, dt, layout)
     coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
     return pack_chunk(dt, layout, data_sum, base_sum, src, coded)
@@ -226,6 +233,9 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
         from s4fs.errors import UnsupportedVersionError
         raise UnsupportedVersionError(
             f"blob uses plane layout {head.layout}, unknown to this s4fs; upgrade s4fs")
+    if not _planes.fits(dt, head.layout):
+        raise FormatError(f"blob pairs dtype {dt.name} with plane layout {head.layout}, "
+                          f"which does not exist; the blob is corrupt")
     base_view = None
     if head.delta:
         base_view = as_bytes(base)

@@ -182,6 +182,9 @@ def decoder_for(codec_id: int, major: int) -> PlaneCodec:
         raise UnsupportedVersionError(
             f"plane codec id {codec_id} is unknown to this version of s4fs; upgrade s4fs "
             f"to read this blob")
+    if major < 1:
+        raise FormatError(f"plane codec {cls.name} major version 0 was never written; "
+                          f"the blob is corrupt")
     if major > cls.major:
         raise UnsupportedVersionError(
             f"plane codec {cls.name} v{major} is newer than this s4fs supports "

@@ -66,6 +66,16 @@ def cpu_layout_for(dt: DType) -> int:
     return FLAT
 
 
+def fits(dt: DType, layout: int) -> bool:
+    """Whether ``layout`` is defined for ``dt`` (a corrupt or hand-made header may pair
+    them otherwise)."""
+    if layout in (FLAT, BYTES):
+        return True
+    if layout in (FLOAT, SIGN_BYTES):
+        return dt.is_float
+    return layout == FLOAT_SM and _sm_ok(dt)
+
+
 def _sm_ok(dt: DType) -> bool:
     return dt.is_float and dt.ebits == 8 and dt.mbits % 8 == 7 and dt.word in (2, 4)
 
@@ -170,12 +180,14 @@ def _split_sm(grid: np.ndarray) -> list[np.ndarray]:
     unit = grid.shape[1]
     if unit == 2:                  # bf16: whole-word ops beat strided byte columns
         w = grid.reshape(-1).view(np.uint16)
-        t = w >> 7
-        exp = t.astype(np.uint8)
-        np.right_shift(w, 8, out=t)
-        t &= 0x80
-        t |= w & 0x7F
-        return [exp, t.astype(np.uint8)]
+        n = w.size
+        exp, sm, tmp = (np.empty(n, dtype=np.uint8) for _ in range(3))
+        np.right_shift(w, 7, out=exp, casting="unsafe")
+        np.bitwise_and(w, 0x7F, out=sm, casting="unsafe")
+        np.right_shift(w, 8, out=tmp, casting="unsafe")
+        tmp &= 0x80
+        sm |= tmp
+        return [exp, sm]
     rows = grid.T.copy()           # one transposing copy, then in-place byte ops
     hi, nxt = rows[unit - 1], rows[unit - 2]            # s|e7 and e0|m7
     exp = np.left_shift(hi, 1)
@@ -189,6 +201,15 @@ def _merge_sm(grid: np.ndarray, planes: list, n: int) -> None:
     unit = grid.shape[1]
     exp = np.frombuffer(planes[0], dtype=np.uint8, count=n)
     sm = np.frombuffer(planes[1], dtype=np.uint8, count=n)
+    if unit == 2:
+        w = grid.reshape(-1).view(np.uint16)
+        np.left_shift(exp, 7, out=w, dtype=np.uint16)
+        t = np.bitwise_and(sm, 0x80, dtype=np.uint16)
+        t <<= 8
+        w |= t
+        np.bitwise_and(sm, 0x7F, out=t, dtype=np.uint16)
+        w |= t
+        return
     hi = exp >> 1
     hi |= sm & 0x80
     nxt = np.left_shift(exp, 7)

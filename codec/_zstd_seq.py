@@ -79,6 +79,12 @@ def _zero_runs(arr: np.ndarray, min_run: int) -> tuple[np.ndarray, np.ndarray]:
 def _sequences(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Sequences with explicit block delimiters. Each zero run [s, e) becomes the literal
     zero at s plus an offset-1 match of e-s-1 bytes; runs are cut at block edges."""
+    nblocks = (n + BLOCK - 1) // BLOCK
+    if not starts.size:                      # literals only: one delimiter per block
+        seq = np.zeros(nblocks, dtype=_SEQ)
+        seq["litLength"] = BLOCK
+        seq["litLength"][-1] = n - (nblocks - 1) * BLOCK
+        return seq
     pieces_s, pieces_e = [], []
     while starts.size:                       # cut every run at the block edges inside it
         edge = np.minimum((starts // BLOCK + 1) * BLOCK, n)
@@ -95,7 +101,6 @@ def _sequences(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         rs, re_ = rs[order], re_[order]
     else:
         rs = re_ = np.empty(0, dtype=np.int64)
-    nblocks = (n + BLOCK - 1) // BLOCK
     blk = rs // BLOCK
     blk_start = np.arange(nblocks, dtype=np.int64) * BLOCK
     blk_end = np.minimum(blk_start + BLOCK, n)

@@ -1,0 +1,72 @@
+"""Helpers shared by the benchmarks: timing with medians, and plain-text tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Sequence
+
+
+def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> tuple[float, object]:
+    """Median wall time of ``fn()`` over ``repeat`` runs (after ``warmup`` runs), and the
+    last result. Medians, not minima: the benchmark machines are shared and noisy."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def rate(nbytes: int, seconds: float) -> str:
+    """Throughput in MB/s (10^6 bytes per second) as a short string."""
+    if seconds <= 0:
+        return "-"
+    mbs = nbytes / seconds / 1e6
+    return f"{mbs:,.0f}" if mbs >= 10 else f"{mbs:.1f}"
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.2f}" if whole else "-"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], *,
+          align: str | None = None) -> str:
+    """A Markdown table (also readable as plain text). ``align`` has one letter per
+    column: ``l`` or ``r`` (default: first column left, the rest right)."""
+    cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r]
+                                          for r in rows]
+    ncol = len(header)
+    align = align or "l" + "r" * (ncol - 1)
+    width = [max(len(r[i]) for r in cells) for i in range(ncol)]
+
+    def line(r):
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, width, align)]
+        return "| " + " | ".join(parts) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+                         for w, a in zip(width, align)) + "|"
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def machine() -> str:
+    """One line describing the machine the numbers were taken on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for ln in f:
+                if ln.startswith("model name"):
+                    cpu = ln.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = "load %.1f" % os.getloadavg()[0]
+    except OSError:
+        load = ""
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {load}"
