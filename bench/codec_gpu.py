@@ -32,7 +32,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=float, default=4.0, help="MiB per chunk")
     p.add_argument("--repeat", type=int, default=3, help="timed runs (best is shown)")
     p.add_argument("--weights", default=None, help="safetensors file of fp32 weights")
-    p.add_argument("--profiles", default="default,gdeflate-mantissa,sm,sm-raw,portable")
+    p.add_argument("--profiles", default="default,float,gdeflate-mantissa,portable")
     p.add_argument("--sets", default="bf16,fp32,adam")
     p.add_argument("--cpu-sample", type=float, default=256, help="MiB coded on the CPU")
     return p.parse_args(argv)
@@ -57,10 +57,21 @@ def _weights_path(explicit):
 
 
 def _profiles(names):
+    """Profile names, each optionally with overrides: ``sm:chunk=262144:ans_states=1``."""
+    import dataclasses
     from s4fs.codec.gpu import PROFILES, GpuProfile
-    extra = {"sm": GpuProfile(name="sm", layout="sm"),
+    extra = {"float": GpuProfile(name="float", layout="float"),
              "sm-raw": GpuProfile(name="sm-raw", layout="sm", mantissa="raw")}
-    return [PROFILES.get(n) or extra[n] for n in names]
+    out = []
+    for spec in names:
+        name, *over = spec.split(":")
+        base = PROFILES.get(name) or extra[name]
+        kw = {}
+        for o in over:
+            k, v = o.split("=")
+            kw[k] = type(getattr(base, k))(v)
+        out.append(dataclasses.replace(base, name=spec, **kw) if kw else base)
+    return out
 
 
 class Timer:
@@ -119,6 +130,7 @@ def _chunks(t, chunk_bytes):
 def _best(fn, repeat):
     best, res = float("inf"), None
     for _ in range(repeat):
+        res = None                 # the last result goes first: its memory is reused
         t0 = time.perf_counter()
         res = fn()
         best = min(best, time.perf_counter() - t0)
@@ -137,12 +149,12 @@ def _equal(chunks, outs) -> bool:
 
 
 def _ans_alone(items, profile, repeat):
-    """nvCOMP ANS by itself over the planes the pipeline coded with ANS."""
+    """nvCOMP ANS by itself, one batch, over the planes the pipeline codes with ANS (the
+    same split, constant test and entropy gate); returns times and byte counts."""
     import numpy as np
-    from s4fs.codec import _planes
     from s4fs.codec._dtypes import lookup
     from s4fs.codec.gpu import _common
-    from s4fs.codec.gpu._backend import CodecSpec, cuda_backend, round_up
+    from s4fs.codec.gpu._backend import cuda_backend, round_up
     b = cuda_backend()
     keep: list = []
     jobs = [_common.plan(lookup(d), _common.gpu_layout(lookup(d), profile),
@@ -152,18 +164,28 @@ def _ans_alone(items, profile, repeat):
     descs = _common.descriptors(jobs, [t.data_ptr() for t, _ in items], [0] * len(items),
                                 b.ptr(scratch))
     _common.launch_planes(b, "split", jobs, descs, b.ptr(flags), keep)
-    spec = CodecSpec("ans", 0, profile.chunk)
+    planes = [p for j in jobs for p in j.planes]
+    cand = [k for k, p in enumerate(planes) if p.spec is not None and p.spec.name == "ans"]
+    hist = _common.sample_entropy(b, [b.ptr(scratch) + planes[k].off for k in cand],
+                                  [planes[k].raw for k in cand], keep)
+    h_hist = np.empty(256 * max(len(cand), 1), dtype=np.uint32)
+    h_flags = np.empty(nplanes, dtype=np.uint32)
+    b.download(hist, 0, h_hist.view(np.uint8))
+    b.download(flags, 0, h_flags.view(np.uint8))
+    b.synchronize()
+    bits = _common.entropy_bits(h_hist)
+    chosen = [planes[k] for k, h in zip(cand, bits) if h_flags[k] and h < profile.max_entropy]
+    if not chosen:
+        return None
+    spec = chosen[0].spec
     offs, sizes = [], []
-    for j in jobs:
-        for p in j.planes:
-            if p.spec is not None and p.spec.name == "ans":
-                for k in range(0, p.raw, spec.chunk):
-                    offs.append(p.off + k)
-                    sizes.append(min(spec.chunk, p.raw - k))
+    for p in chosen:
+        for k in range(0, p.raw, spec.chunk):
+            offs.append(p.off + k)
+            sizes.append(min(spec.chunk, p.raw - k))
     stride = round_up(b.max_compressed(spec), 256)
     dst = b.empty(stride * len(offs))
     dst_off = [stride * i for i in range(len(offs))]
-    b.synchronize()
     t_enc, comp = _best(lambda: b.encode(spec, scratch, offs, sizes, dst, dst_off, stride), repeat)
     out = b.empty(total)
     t_dec, _ = _best(lambda: (b.decode(spec, dst, dst_off, comp.tolist(), out, offs, sizes),
@@ -228,8 +250,9 @@ def run(args=None) -> None:
                                     args.repeat)
             t_dec_h, _ = _best(lambda: gpu.decompress_many(hblobs, out="device"), args.repeat)
             ans = ""
-            if prof.name in ("default", "sm", "sm-raw"):
-                te, td, pbytes, pcomp = _ans_alone(items, prof, args.repeat)
+            alone = _ans_alone(items, prof, args.repeat) if prof.exponent == "ans" else None
+            if alone:
+                te, td, pbytes, pcomp = alone
                 ans = (f"{raw / te / 1e9:.0f} / {raw / td / 1e9:.0f} "
                        f"({pbytes / te / 1e9:.0f} / {pbytes / td / 1e9:.0f} on planes)")
             rows.append([set_name, prof.name, f"{100 * stored / raw:.2f}",
@@ -237,7 +260,7 @@ def run(args=None) -> None:
                          f"{raw / t_dec / 1e9:.0f}", f"{raw / t_enc_h / 1e9:.1f}",
                          f"{raw / t_dec_h / 1e9:.1f}", ans or "-",
                          "yes" if exact else "NO"])
-            if prof.name in ("default", "sm-raw"):
+            if prof.name in ("default", "float"):
                 for kind, fn in (("encode", lambda: gpu.compress_many(
                         items, profile=prof, out="host", timer=tm)),
                                  ("decode", lambda: gpu.decompress_many(

@@ -28,7 +28,7 @@ class CodecSpec:
     """One nvCOMP codec configuration (what a batch is coded with)."""
 
     name: str                  # "ans" | "gdeflate" | "deflate"
-    level: int = 0             # (G)Deflate algorithm_type
+    level: int = 0             # (G)Deflate algorithm_type; ANS: states per lane (0 auto)
     chunk: int = 1 << 16
 
     @property
@@ -101,7 +101,7 @@ class CudaBackend:
     def xor_into(self, dst_ptr: int, a_ptr: int, b_ptr: int, n: int) -> None:
         cp = self.cp
         mk = lambda p: cp.ndarray((n,), cp.uint8, cp.cuda.MemoryPointer(
-            cp.cuda.UnownedMemory(p, n, self), 0))
+            cp.cuda.UnownedMemory(p, n, self, self.device.id), 0))
         with self.device, self.stream:
             cp.bitwise_xor(mk(a_ptr), mk(b_ptr), out=mk(dst_ptr))
 
@@ -139,6 +139,8 @@ class CudaBackend:
                       bitstream_kind=nv.BitstreamKind.RAW)
             if spec.name == "ans":
                 kw["data_type"] = "|u1"
+                if spec.level:
+                    kw["states_per_lane"] = spec.level
             else:
                 kw["algorithm_type"] = spec.level
             c = self._codecs[spec] = nv.Codec(**kw)

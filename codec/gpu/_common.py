@@ -3,6 +3,7 @@ split/merge launches, the plane plan and the container header."""
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -156,22 +157,69 @@ def hash_buffers(b, ptrs: list[int], lens: list[int], keep: list):
     return out
 
 
+SAMPLES = 8192          # bytes sampled per plane for the entropy estimate
+
+
+def sample_entropy(b, ptrs: list[int], lens: list[int], keep: list):
+    """Launch byte histograms of every plane (``SAMPLES`` bytes each); returns the
+    device counters (256 uint32 per plane), read with :func:`entropy_bits`."""
+    n = len(ptrs)
+    hist = b.zeros(1024 * max(n, 1))
+    if n:
+        lens_a = np.asarray(lens, dtype=np.int64)
+        items = np.zeros((n, 4), dtype=np.uint64)
+        items[:, 0] = np.asarray(ptrs, dtype=np.uint64)
+        items[:, 1] = lens_a.astype(np.uint64)
+        items[:, 2] = (256 * np.arange(n)).astype(np.uint64)
+        items[:, 3] = (np.maximum(1, lens_a // SAMPLES) | 1).astype(np.uint64)
+        d_items = b.empty(items.nbytes)
+        b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
+        for s in range(0, n, MAX_GRID_Y):
+            b.launch("sample_histograms", (8, min(MAX_GRID_Y, n - s)), 128,
+                     [b.ptr(d_items) + 32 * s, b.ptr(hist)])
+        keep += [items, d_items]
+    return hist
+
+
+@functools.lru_cache(maxsize=1)
+def _clogc() -> np.ndarray:
+    c = np.arange(1 << 16, dtype=np.float64)
+    return c * np.log2(np.maximum(c, 1))
+
+
+def entropy_bits(counts: np.ndarray) -> np.ndarray:
+    """Order-0 entropy in bits per byte of every row of 256 counters."""
+    c = counts.reshape(-1, 256)
+    tot = np.maximum(c.sum(axis=1, dtype=np.int64), 1).astype(np.float64)
+    big = c.max(initial=0) >= 1 << 16
+    terms = (c * np.log2(np.maximum(c, 1))) if big else _clogc()[c]
+    return np.log2(tot) - terms.sum(axis=1) / tot
+
+
 class Segments:
     """A batch of byte copies (or fills), run as one launch."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.one: list[tuple[int, int, int]] = []
 
     def add(self, a, b, c) -> None:
-        self.parts.append(tuple(np.atleast_1d(np.asarray(x, dtype=np.uint64)) for x in (a, b, c)))
+        """One segment (three ints) or many (three arrays)."""
+        if isinstance(c, (int, np.integer)):
+            self.one.append((a, b, c))
+        else:
+            self.parts.append(tuple(np.asarray(x).astype(np.uint64) for x in (a, b, c)))
 
     def __len__(self) -> int:
-        return len(self.parts)
+        return len(self.parts) + len(self.one)
 
     def launch(self, backend, keep: list, kernel: str = "copy_segments") -> None:
-        if not self.parts:
+        parts = list(self.parts)
+        if self.one:
+            parts.append(tuple(np.asarray(x, dtype=np.uint64) for x in zip(*self.one)))
+        if not parts:
             return
-        a, b_, c = (np.concatenate([p[k] for p in self.parts]) for k in range(3))
+        a, b_, c = (np.concatenate([p[k] for p in parts]) for k in range(3))
         if kernel == "copy_segments":
             live = c > 0
             a, b_, c = _cut(a[live], b_[live], c[live])
@@ -234,7 +282,8 @@ def launch_planes(b, kind: str, jobs: list, descs: np.ndarray, flags_ptr: int, k
         args = [b.ptr(dev) + start * K.DESC_FIELDS * 8]
         if kind == "split":
             args.append(flags_ptr)
-        b.launch(K.kernel_name(kind, *v), (max(1, min(-(-groups // 128), 4096)), end - start),
+        # about four groups of eight words per thread
+        b.launch(K.kernel_name(kind, *v), (max(1, min(-(-groups // 512), 4096)), end - start),
                  128, args)
         start = end
 
@@ -249,6 +298,7 @@ class Plane:
     spec: CodecSpec | None = None
     chunk0: int = 0            # first chunk in its codec batch
     nchunks: int = 0
+    comp: int = 0              # compressed bytes of all its chunks
 
 
 @dataclass
@@ -273,6 +323,14 @@ def gpu_layout(dt: DType, profile: GpuProfile) -> int:
 
 def plan(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None = None) -> Job:
     """The planes of one chunk (the same as ``_planes.split``), with their codecs."""
+    variant, n, tail, planes = _template(dt, layout, raw_len, profile)
+    return Job(dt, layout, raw_len, variant, n, tail,
+               [Plane(raw, role, spec=spec) for raw, role, spec in planes])
+
+
+@functools.lru_cache(maxsize=1024)
+def _template(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None):
+    """Chunks of a checkpoint mostly share a size: plan each shape once."""
     variant = K.variant(dt, layout) or (1, K.MODE_FLAT, 0, 0)
     sizes = _planes.plane_sizes(dt, layout, raw_len)
     n, tail = divmod(raw_len, variant[0]) if layout != _planes.FLAT else (raw_len, 0)
@@ -293,11 +351,11 @@ def plan(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None = None
             "sign": profile.other, "exp": profile.exponent, "mant": profile.mantissa,
             "other": profile.other, "tail": "raw"}[role]
         if name not in (None, "raw") and size >= MIN_CODED:
-            level = {"gdeflate": profile.gdeflate_algorithm,
+            level = {"gdeflate": profile.gdeflate_algorithm, "ans": profile.ans_states,
                      "deflate": profile.deflate_algorithm}.get(name, 0)
             p.spec = CodecSpec(name, level, profile.chunk)
         job.planes.append(p)
-    return job
+    return variant, n, tail, tuple((p.raw, p.role, p.spec) for p in job.planes)
 
 
 def place(jobs: list[Job]) -> tuple[int, int]:

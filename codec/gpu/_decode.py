@@ -167,12 +167,10 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
                     const_dev.append((i, k))
             else:
                 spec = CodecSpec(CODEC_NAMES[s.cid], s.head.option, s.head.chunk)
-                bt = batches.setdefault(spec, {"src": [], "csize": [], "dst": [], "rsize": []})
-                sizes = s.head.sizes.astype(np.int64)
-                bt["src"].append(blob_ptr[i] + s.pos + s.head.data_offset + np.cumsum(sizes) - sizes)
-                bt["csize"].append(sizes)
-                bt["dst"].append(p.off + s.head.chunk * np.arange(len(sizes), dtype=np.int64))
-                bt["rsize"].append(s.head.raw_sizes(p.raw))
+                bt = batches.setdefault(spec, {"sizes": [], "planes": []})
+                bt["sizes"].append(s.head.sizes)
+                bt["planes"].append((blob_ptr[i] + s.pos + s.head.data_offset, p.off, p.raw,
+                                     s.head.nchunks))
     if const_dev:
         vals = download_ranges(b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)
         for (i, k), v in zip(const_dev, vals):
@@ -180,18 +178,25 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     copies.launch(b, keep)
     fills.launch(b, keep, "fill_segments")
     mark("raw planes")
-    for spec, bt in batches.items():
-        csize = np.concatenate(bt["csize"])
+    for spec, bt in batches.items():            # every chunk of a codec, vectorized
+        csize = np.concatenate(bt["sizes"]).astype(np.int64)
+        src0, off, raw, cnt = (np.asarray(x, dtype=np.int64) for x in zip(*bt["planes"]))
+        idx = np.repeat(np.arange(len(cnt)), cnt)
+        first = np.cumsum(cnt) - cnt
+        within = np.arange(len(idx)) - first[idx]
+        excl = np.cumsum(csize) - csize
+        src = src0[idx] + excl - excl[first][idx]
+        dst = off[idx] + within * spec.chunk
+        rsize = np.minimum(spec.chunk, raw[idx] - within * spec.chunk)
         align = b.decompress_alignment(spec)
         padded = (csize + align - 1) // align * align
         coff = np.cumsum(padded) - padded
         cin = b.empty(int(padded.sum()))
         keep.append(cin)
         g = Segments()
-        g.add(np.concatenate(bt["src"]), b.ptr(cin) + coff, csize)
+        g.add(src, b.ptr(cin) + coff, csize)
         g.launch(b, keep)
-        b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch,
-                 np.concatenate(bt["dst"]).tolist(), np.concatenate(bt["rsize"]).tolist())
+        b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch, dst.tolist(), rsize.tolist())
 
     mark("nvcomp")
 

@@ -32,6 +32,7 @@ static inline unsigned long long __umul64hi(unsigned long long a, unsigned long 
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
 static inline unsigned atomicOr(unsigned* p, unsigned v) { unsigned o = *p; *p |= v; return o; }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned o = *p; *p += v; return o; }
 """
 
 _LAUNCH = r"""
@@ -57,6 +58,9 @@ extern "C" void emu_xxh3_final(unsigned gx, unsigned gy, unsigned bx, u64 items,
 }
 extern "C" void emu_copy_segments(unsigned gx, unsigned gy, unsigned bx, u64 segs, u64 n) {
     run_grid(gx, gy, bx, [&] { copy_segments(P(const u64*, segs), n); });
+}
+extern "C" void emu_sample_histograms(unsigned gx, unsigned gy, unsigned bx, u64 planes, u64 hist) {
+    run_grid(gx, gy, bx, [&] { sample_histograms(P(const u64*, planes), P(u32*, hist)); });
 }
 extern "C" void emu_fill_segments(unsigned gx, unsigned gy, unsigned bx, u64 segs, u64 n) {
     run_grid(gx, gy, bx, [&] { fill_segments(P(const u64*, segs), n); });

@@ -21,8 +21,8 @@ from .._dtypes import DType, lookup
 from . import _payload
 from ._backend import CodecSpec, round_up
 from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging, container_header,
-                      descriptors, finish, gpu_layout, hash_buffers, launch_planes, place, plan,
-                      resolve)
+                      descriptors, entropy_bits, finish, gpu_layout, hash_buffers, launch_planes,
+                      place, plan, resolve, sample_entropy)
 from ._profiles import DEFAULT, GpuProfile
 
 
@@ -79,42 +79,57 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     seg.add([sp + p.off for p in planes], b.ptr(firsts) + np.arange(nplanes),
             [1 if p.raw else 0 for p in planes])
     seg.launch(b, keep)
+    coded = [k for k, p in enumerate(planes) if p.spec is not None]
+    d_hist = sample_entropy(b, [sp + planes[k].off for k in coded],
+                            [planes[k].raw for k in coded], keep)
     mark("split")
 
-    # one nvCOMP batch per codec configuration
-    batches: dict[CodecSpec, dict] = {}
-    for p in planes:
-        if p.spec is None:
-            continue
-        bt = batches.setdefault(p.spec, {"off": [], "size": [], "count": 0})
-        cnt = _payload.nchunks(p.raw, p.spec.chunk)
-        p.chunk0, p.nchunks = bt["count"], cnt
-        bt["count"] += cnt
-        sizes = np.full(cnt, p.spec.chunk, dtype=np.int64)
-        sizes[-1] = p.raw - p.spec.chunk * (cnt - 1)
-        bt["off"].append(p.off + p.spec.chunk * np.arange(cnt, dtype=np.int64))
-        bt["size"].append(sizes)
-    for spec, bt in batches.items():
-        stride = round_up(b.max_compressed(spec), ALIGN)
-        dst = b.empty(stride * bt["count"])
-        keep.append(dst)
-        bt["dst"], bt["stride"] = dst, stride
-        bt["comp"] = b.encode(spec, scratch, np.concatenate(bt["off"]).tolist(),
-                              np.concatenate(bt["size"]).tolist(), dst,
-                              (stride * np.arange(bt["count"])).tolist(), stride)
-
-    mark("nvcomp")
-
-    # one readback: checksums, constant flags and first bytes
+    # one readback: checksums, constant flags, first bytes, byte histograms
     h_hash = np.empty(len(hashed), dtype=np.uint64)
     h_flags = np.empty(max(nplanes, 1), dtype=np.uint32)
     h_first = np.empty(max(nplanes, 1), dtype=np.uint8)
+    h_hist = np.empty(256 * max(len(coded), 1), dtype=np.uint32)
     b.download(d_hash, 0, h_hash.view(np.uint8))
     b.download(flags, 0, h_flags.view(np.uint8))
     b.download(firsts, 0, h_first)
+    b.download(d_hist, 0, h_hist.view(np.uint8))
     b.synchronize()
-
     mark("readback")
+
+    # constant planes and planes the codec cannot shrink skip it
+    bits = entropy_bits(h_hist)
+    for k, h in zip(coded, bits):
+        p = planes[k]
+        if h_flags[k] == 0 or h >= profile.max_entropy:
+            p.spec = None
+
+    # one nvCOMP batch per codec configuration, over every chunk of its planes
+    batches: dict[CodecSpec, dict] = {}
+    for p in planes:
+        if p.spec is not None:
+            batches.setdefault(p.spec, {"planes": []})["planes"].append(p)
+    for spec, bt in batches.items():
+        group = bt["planes"]
+        offs = np.fromiter((p.off for p in group), np.int64, len(group))
+        raws = np.fromiter((p.raw for p in group), np.int64, len(group))
+        nch = (raws + spec.chunk - 1) // spec.chunk
+        starts = np.cumsum(nch) - nch
+        for p, s0, c in zip(group, starts.tolist(), nch.tolist()):
+            p.chunk0, p.nchunks = s0, c
+        idx = np.repeat(np.arange(len(group)), nch)
+        within = (np.arange(len(idx)) - starts[idx]) * spec.chunk
+        stride = round_up(b.max_compressed(spec), ALIGN)
+        dst = b.empty(stride * len(idx))
+        keep.append(dst)
+        bt["dst"], bt["stride"] = dst, stride
+        bt["comp"] = comp = b.encode(spec, scratch, (offs[idx] + within).tolist(),
+                                     np.minimum(spec.chunk, raws[idx] - within).tolist(), dst,
+                                     (stride * np.arange(len(idx))).tolist(), stride)
+        bt["excl"] = np.cumsum(comp) - comp
+        for p, total_c in zip(group, np.add.reduceat(comp, starts).tolist()):
+            p.comp = total_c
+
+    mark("nvcomp")
     layouts, meta, fallback = _decide(jobs, bases, batches, h_hash, h_flags, h_first,
                                       b.nvcomp_version, len(datas))
 
@@ -146,6 +161,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     keep += [h_meta, d_meta]
     mp = b.ptr(d_meta)
     seg = Segments()
+    chunk_runs: dict[CodecSpec, list] = {spec: [] for spec in batches}
     for i, (j, (moff, mlen, entries, _)) in enumerate(zip(jobs, layouts)):
         pos = op + int(blob_off[i])
         seg.add(mp + moff, pos, mlen)
@@ -165,13 +181,19 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
             elif kind == "const":
                 seg.add(mp + where, pos, 1)
             else:
-                bt = batches[p.spec]
                 hlen = _payload.header_size(p.raw, p.spec.chunk)
                 seg.add(mp + where, pos, hlen)
-                sizes = bt["comp"][p.chunk0: p.chunk0 + p.nchunks]
-                seg.add(b.ptr(bt["dst"]) + bt["stride"] * (p.chunk0 + np.arange(p.nchunks)),
-                        pos + hlen + np.cumsum(sizes) - sizes, sizes)
+                chunk_runs[p.spec].append((p.chunk0, p.nchunks, pos + hlen))
             pos += enc
+    for spec, runs in chunk_runs.items():       # every coded chunk, vectorized
+        if not runs:
+            continue
+        bt = batches[spec]
+        c0, cn, at = (np.asarray(x, dtype=np.int64) for x in zip(*runs))
+        idx = np.repeat(np.arange(len(runs)), cn)
+        k = c0[idx] + (np.arange(len(idx)) - (np.cumsum(cn) - cn)[idx])
+        seg.add(b.ptr(bt["dst"]) + bt["stride"] * k,
+                at[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
     seg.launch(b, keep)
     mark("assemble")
 
@@ -211,9 +233,9 @@ def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
                 entries.append(["const", 1, bytes((int(h_first[idx]),))])
                 continue
             if p.spec is not None:
-                sizes = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
-                enc = _payload.header_size(p.raw, p.spec.chunk) + int(sizes.sum())
+                enc = _payload.header_size(p.raw, p.spec.chunk) + p.comp
                 if enc < p.raw:
+                    sizes = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
                     planes.append((CODEC_IDS[p.spec.name], 1, p.raw, enc))
                     entries.append(["coded", enc, _payload.pack_header(
                         version, p.spec.option, p.spec.chunk, sizes)])
@@ -222,10 +244,11 @@ def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
             entries.append(["raw", p.raw, b""])
         head = container_header(j.dt.code, flag_bits, j.layout, checksum, bsum, j.raw_len, planes)
         planar = len(head) + sum(e[1] for e in entries)
-        flat_head = container_header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
-                                     j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
-        flat = len(flat_head) + j.raw_len
+        vlen = max(1, (j.raw_len.bit_length() + 6) // 7)
+        flat = C._FIXED.size + (8 if bsum is not None else 0) + 3 * vlen + 2 + j.raw_len
         if planar >= flat or (j.layout == _planes.FLAT and entries[0][0] == "raw"):
+            flat_head = container_header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
+                                         j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
             layouts.append((len(meta), len(flat_head), None, flat))
             meta += flat_head
             if bases[i] is not None and j.layout != _planes.FLAT:

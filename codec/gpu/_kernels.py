@@ -234,19 +234,36 @@ extern "C" __global__ void xxh3_final(const u64* items, const u64* accs, u64* ha
 
 // ---------------------------------------------------------------- planes
 
-template <typename T> struct Group { union { T w[8]; uint4 v[(8 * sizeof(T) + 15) / 16]; u64 b; }; };
+// eight words at a time, kept in registers (every index is a constant after unrolling)
+template <typename T> struct Group { T w[8]; };
 
 template <typename T>
 __device__ __forceinline__ void load_group(const T* p, i64 cnt, Group<T>& g) {
     if (cnt == 8) {
         if (sizeof(T) == 1) {
-            g.b = *(const u64*)p;
-        } else {
-            const uint4* q = (const uint4*)p;
+            u64 v = *(const u64*)p;
 #pragma unroll
-            for (int r = 0; r < (int)(8 * sizeof(T) / 16); ++r) g.v[r] = q[r];
+            for (int j = 0; j < 8; ++j) g.w[j] = (T)(v >> (8 * j));
+        } else if (sizeof(T) == 2) {
+            uint4 v = *(const uint4*)p;
+            u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) g.w[j] = (T)(x[j / 2] >> (16 * (j % 2)));
+        } else if (sizeof(T) == 4) {
+            uint4 a = ((const uint4*)p)[0], b = ((const uint4*)p)[1];
+            u32 x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) g.w[j] = (T)x[j];
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                ulonglong2 v = ((const ulonglong2*)p)[r];
+                g.w[2 * r] = (T)v.x;
+                g.w[2 * r + 1] = (T)v.y;
+            }
         }
     } else {
+#pragma unroll
         for (int j = 0; j < 8; ++j) g.w[j] = j < cnt ? p[j] : (T)0;
     }
 }
@@ -255,14 +272,35 @@ template <typename T>
 __device__ __forceinline__ void store_group(T* p, i64 cnt, const Group<T>& g) {
     if (cnt == 8) {
         if (sizeof(T) == 1) {
-            *(u64*)p = g.b;
-        } else {
-            uint4* q = (uint4*)p;
+            u64 v = 0;
 #pragma unroll
-            for (int r = 0; r < (int)(8 * sizeof(T) / 16); ++r) q[r] = g.v[r];
+            for (int j = 0; j < 8; ++j) v |= (u64)(u8)g.w[j] << (8 * j);
+            *(u64*)p = v;
+        } else if (sizeof(T) == 2) {
+            u32 x[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) x[q] = (u32)(unsigned short)g.w[2 * q] | ((u32)(unsigned short)g.w[2 * q + 1] << 16);
+            uint4 v;
+            v.x = x[0]; v.y = x[1]; v.z = x[2]; v.w = x[3];
+            *(uint4*)p = v;
+        } else if (sizeof(T) == 4) {
+            uint4 a, b;
+            a.x = (u32)g.w[0]; a.y = (u32)g.w[1]; a.z = (u32)g.w[2]; a.w = (u32)g.w[3];
+            b.x = (u32)g.w[4]; b.y = (u32)g.w[5]; b.z = (u32)g.w[6]; b.w = (u32)g.w[7];
+            ((uint4*)p)[0] = a;
+            ((uint4*)p)[1] = b;
+        } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                ulonglong2 v;
+                v.x = (u64)g.w[2 * r];
+                v.y = (u64)g.w[2 * r + 1];
+                ((ulonglong2*)p)[r] = v;
+            }
         }
     } else {
-        for (int j = 0; j < cnt; ++j) p[j] = g.w[j];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) if (j < cnt) p[j] = g.w[j];
     }
 }
 
@@ -299,6 +337,7 @@ __device__ __forceinline__ u8 plane_byte(T w, int k) {
 template <typename T>
 __device__ __forceinline__ u8 sign_byte(const Group<T>& g) {
     u8 s = 0;
+#pragma unroll
     for (int j = 0; j < 8; ++j) s |= (u8)((((u64)g.w[j]) >> (8 * sizeof(T) - 1)) & 1) << j;
     return s;
 }
@@ -327,9 +366,11 @@ __global__ void split(const i64* descs, u32* flags) {
         if (base) {
             Group<T> rb;
             load_group<T>(base, n < 8 ? n : 8, rb);
+#pragma unroll
             for (int j = 0; j < 8; ++j) r.w[j] ^= rb.w[j];
         }
         rsign = sign_byte<T>(r);
+#pragma unroll
         for (int k = 0; k < L::NP; ++k) rbyte[k] = plane_byte<T, MODE, EB, MB>(r.w[0], k);
     }
     i64 step = (i64)gridDim.x * blockDim.x;
@@ -348,6 +389,7 @@ __global__ void split(const i64* descs, u32* flags) {
         if (base) {
             Group<T> b;
             load_group<T>(base + 8 * gi, cnt, b);
+#pragma unroll
             for (int j = 0; j < 8; ++j) g.w[j] ^= b.w[j];
         }
         if (L::SIGN) {
@@ -359,20 +401,18 @@ __global__ void split(const i64* descs, u32* flags) {
         for (int k = 0; k < L::NP; ++k) {
             u8* out = planes[L::SIGN + k] + 8 * gi;
             bool differs = false;
+            u64 v = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                u8 c = plane_byte<T, MODE, EB, MB>(g.w[j], k);
+                differs |= (j < cnt) & (c != rbyte[k]);
+                v |= (u64)c << (8 * j);
+            }
             if (cnt == 8) {
-                u64 v = 0;
-                for (int j = 0; j < 8; ++j) {
-                    u8 c = plane_byte<T, MODE, EB, MB>(g.w[j], k);
-                    differs |= c != rbyte[k];
-                    v |= (u64)c << (8 * j);
-                }
                 *(u64*)out = v;
             } else {
-                for (int j = 0; j < cnt; ++j) {
-                    u8 c = plane_byte<T, MODE, EB, MB>(g.w[j], k);
-                    differs |= c != rbyte[k];
-                    out[j] = c;
-                }
+#pragma unroll
+                for (int j = 0; j < 8; ++j) if (j < cnt) out[j] = (u8)(v >> (8 * j));
             }
             if (differs) flag_plane(flags, fidx + L::SIGN + k);
         }
@@ -402,17 +442,24 @@ __global__ void merge(const i64* descs) {
         }
         i64 cnt = n - 8 * gi < 8 ? n - 8 * gi : 8;
         u64 w[8], e[8], m[8];
+#pragma unroll
         for (int j = 0; j < 8; ++j) { w[j] = 0; e[j] = 0; m[j] = 0; }
         if (L::SIGN) {
             u64 s = planes[0][gi];
+#pragma unroll
             for (int j = 0; j < 8; ++j) w[j] = ((s >> j) & 1) << (BITS - 1);
         }
 #pragma unroll
         for (int k = 0; k < L::NP; ++k) {
             const u8* in = planes[L::SIGN + k] + 8 * gi;
             u64 v = 0;
-            if (cnt == 8) v = *(const u64*)in;
-            else for (int j = 0; j < cnt; ++j) v |= (u64)in[j] << (8 * j);
+            if (cnt == 8) {
+                v = *(const u64*)in;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) if (j < cnt) v |= (u64)in[j] << (8 * j);
+            }
+#pragma unroll
             for (int j = 0; j < 8; ++j) {
                 u64 c = (v >> (8 * j)) & 0xff;
                 if (MODE == 1) {
@@ -430,6 +477,7 @@ __global__ void merge(const i64* descs) {
             }
         }
         Group<T> g;
+#pragma unroll
         for (int j = 0; j < 8; ++j) {
             u64 x = w[j];
             if (MODE == 1) x |= (e[j] << MB) | m[j];
@@ -442,6 +490,7 @@ __global__ void merge(const i64* descs) {
         if (base) {
             Group<T> b;
             load_group<T>(base + 8 * gi, cnt, b);
+#pragma unroll
             for (int j = 0; j < 8; ++j) g.w[j] ^= b.w[j];
         }
         store_group<T>(dst + 8 * gi, cnt, g);
@@ -450,7 +499,17 @@ __global__ void merge(const i64* descs) {
 
 // ---------------------------------------------------------------- segments
 
-// segs: 3 u64 per segment: source, destination, length
+// segs: 3 u64 per segment: source, destination, length. Destination words are written
+// whole; a misaligned source is read as the two aligned words around each one and
+// shifted together (an aligned word that holds a byte of the segment never crosses a
+// page, so reading all of it is safe).
+__device__ __forceinline__ u64 load_shifted(const u8* a) {
+    const u64* q = (const u64*)((u64)a & ~7ULL);
+    int sh = (int)((u64)a & 7) * 8;
+    u64 lo = q[0];
+    return sh ? (lo >> sh) | (q[1] << (64 - sh)) : lo;
+}
+
 extern "C" __global__ void copy_segments(const u64* segs, u64 nseg) {
     for (u64 s = blockIdx.x; s < nseg; s += gridDim.x) {
         const u8* src = (const u8*)segs[3 * s];
@@ -466,15 +525,23 @@ extern "C" __global__ void copy_segments(const u64* segs, u64 nseg) {
             const u64* s8 = (const u64*)s2;
             for (u64 i = threadIdx.x; i < body; i += blockDim.x) d2[i] = s8[i];
         } else {
-            for (u64 i = threadIdx.x; i < body; i += blockDim.x) {
-                const u8* q = s2 + 8 * i;
-                u64 v = 0;
-                for (int k = 7; k >= 0; --k) v = (v << 8) | q[k];
-                d2[i] = v;
-            }
+            for (u64 i = threadIdx.x; i < body; i += blockDim.x) d2[i] = load_shifted(s2 + 8 * i);
         }
         for (u64 i = head + 8 * body + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
     }
+}
+
+// planes: 4 u64 each: pointer, length, offset of its 256 counters in `hist`, step.
+// Counts every step-th byte: an order-0 entropy estimate that decides whether coding pays.
+extern "C" __global__ void sample_histograms(const u64* planes, u32* hist) {
+    const u64* it = planes + 4 * (u64)blockIdx.y;
+    const u8* p = (const u8*)it[0];
+    u64 len = it[1];
+    u32* h = hist + it[2];
+    u64 step = it[3];
+    u64 stride = (u64)gridDim.x * blockDim.x * step;
+    for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * step; i < len; i += stride)
+        atomicAdd(h + p[i], 1u);
 }
 
 // segs: 3 u64 per segment: destination, length, byte value

@@ -22,6 +22,10 @@ class GpuProfile:
     nvCOMP's chunk size in bytes. Planes that do not shrink are stored raw and constant
     planes as one byte, whatever the profile.
 
+    ``max_entropy``: planes whose sampled order-0 entropy is at least this many bits
+    per byte are stored raw without trying the codec (ANS cannot beat the entropy).
+    ``ans_states``: nvCOMP ANS interleaved states per lane (0: nvCOMP's choice).
+
     ``layout``: ``"float"`` writes the ``FLOAT`` plane layout (packed signs, exponent
     planes, mantissa planes); ``"sm"`` writes ``FLOAT_SM`` where the dtype allows it
     (bf16, fp32, complex64: exponent byte, sign|top-7-mantissa byte, lower bytes),
@@ -34,8 +38,10 @@ class GpuProfile:
     other: str = "ans"
     gdeflate_algorithm: int = 0
     deflate_algorithm: int = 0
+    ans_states: int = 0
     chunk: int = 1 << 16
     layout: str = "float"
+    max_entropy: float = 7.75
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
