@@ -420,12 +420,12 @@ def test_gpu_golden_fixtures():
 
 def _golden_inputs():
     rng = np.random.default_rng(20240601)
-    bf = (rng.standard_normal(1 << 17).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    f32 = rng.standard_normal(1 << 16).astype(np.float32).view(np.uint32)
+    bf = (rng.standard_normal(1 << 16).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    f32 = rng.standard_normal(1 << 15).astype(np.float32).view(np.uint32)
     f32[::97] = np.resize(np.array(A.FLOAT_SPECIALS_32, dtype=np.uint32), len(f32[::97]))
     base = f32.copy()
     base[::3] ^= np.uint32(0x10)
-    f16 = (rng.standard_normal(1 << 16) * 0.02).astype(np.float16)
+    f16 = (rng.standard_normal(1 << 15) * 0.02).astype(np.float16)
     return {
         "bf16-weights": ("bfloat16", bf.tobytes(), None),
         "bf16-all-patterns": ("bfloat16", np.arange(1 << 16, dtype=np.uint16).tobytes(), None),
@@ -433,7 +433,7 @@ def _golden_inputs():
         "fp32-delta": ("float32", f32.tobytes(), base.tobytes()),
         "fp16-weights": ("float16", f16.tobytes(), None),
         "fp8-all-patterns": ("float8_e4m3fn", bytes(range(256)) * 64, None),
-        "int64-steps": ("int64", np.arange(1 << 14, dtype=np.int64).tobytes(), None),
+        "int64-steps": ("int64", np.arange(1 << 13, dtype=np.int64).tobytes(), None),
     }
 
 
