@@ -23,15 +23,19 @@ from ._dtypes import BY_CODE, DType, from_code, lookup
 class CpuProfile:
     """How the CPU path codes planes (measurements in docs/benchmarks/codec.md).
 
-    * ``zstd_level`` for generic planes (mantissa bytes, integers, opaque bytes): level 1
-      catches zero runs and repeats, and passes random bytes at GB/s.
-    * exponent-like planes get Huffman-only deflate (the order-0 entropy; zstd's matching
-      costs 5-10 % there), or deflate RLE when more than ``rle_zeros`` of the plane is
-      zero bytes (unseen rows of optimizer state, deltas), where runs pay.
-    * ``entropy`` "auto" codes exponent planes as literal-only zstd frames when
-      python-zstandard's sequence API loads (``_zstd_seq``), else with deflate;
-      "deflate" forces deflate.
+    * exponent-like planes (``_planes.ENTROPY``) get order-0 Huffman coding: a zstd frame
+      with literals only (zstd's own matching costs 5-10 % on exponents), plus offset-1
+      matches over zero runs when more than ``rle_zeros`` of the plane is zero bytes
+      (untouched rows of optimizer state, deltas); a very skewed plane also tries plain
+      zstd, whose repeats then may pay.
+    * other planes (mantissa bytes, integers, opaque bytes) get zstd at ``zstd_level``:
+      level 1 catches zero runs and repeats and passes random bytes at GB/s; when it
+      gains little but the bytes are skewed, Huffman-only coding is tried as well.
+    * ``entropy`` "auto" builds the literal-only frames through python-zstandard's
+      sequence API (``_zstd_seq``) when it loads, else uses deflate (Huffman-only or
+      RLE); "deflate" forces deflate.
     * ``layout`` None picks per dtype (``_planes.cpu_layout_for``); tests may force one.
+    * a plane that does not get smaller is stored raw; a constant one as one byte.
     """
 
     zstd_level: int = 1
@@ -110,14 +114,17 @@ def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, 
         return P.RAW, P.Raw.major, b""
     if kind == _planes.ENTROPY:
         zeros = n - np.count_nonzero(arr)
-        if zeros == n or (zeros == 0 and _is_const(arr)):
+        if zeros == n:
             return P.CONST, P.Const.major, arr[:1].tobytes()
         cid, major, enc = _entropy_code(arr, zeros > profile.rle_zeros * n, profile)
+        if enc is not None and len(enc) < 0.3 * n:
+            # very skewed: repeats may pay too (deltas, integer-valued or tiled data)
+            lz = P.Zstd(profile.zstd_level).encode(arr)
+            if lz is not None and len(lz) < len(enc):
+                cid, major, enc = P.ZSTD, P.Zstd.major, lz
     else:
         enc = P.Zstd(profile.zstd_level).encode(arr)
         cid, major = P.ZSTD, P.Zstd.major
-        if enc is not None and len(enc) < 48 and _is_const(arr):
-            return P.CONST, P.Const.major, arr[:1].tobytes()
         best = n if enc is None else len(enc)
         # zstd leaves literals raw unless Huffman saves > 1.6 %, and its matches can
         # cost more than they save; a skewed byte plane (low mantissa bytes of partly
@@ -128,6 +135,8 @@ def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, 
                 enc, cid, major = huff, hid, hmajor
     if enc is None:
         return P.RAW, P.Raw.major, arr
+    if len(enc) < 48 + n // 4096 and _is_const(arr):
+        return P.CONST, P.Const.major, arr[:1].tobytes()
     return cid, major, enc
 
 

@@ -240,19 +240,30 @@ def merge(planes: list, dt: DType, layout: int, raw_len: int) -> bytes:
     elif layout == FLOAT_SM:
         _merge_sm(out[: n * unit].reshape(n, unit), planes, n)
     elif layout == SIGN_BYTES:
-        grid = out[: n * unit].reshape(n, unit)
-        sign = np.unpackbits(np.frombuffer(planes[0], dtype=np.uint8), count=n,
-                             bitorder="little")
-        sign <<= 7
-        sign |= np.frombuffer(planes[1], dtype=np.uint8, count=n)
-        grid[:, unit - 1] = sign
-        for i, k in enumerate(range(unit - 2, -1, -1)):
-            grid[:, k] = np.frombuffer(planes[2 + i], dtype=np.uint8, count=n)
+        _merge_sign_bytes(out[: n * unit].reshape(n, unit), planes, n)
     else:
         _merge_float(out[: n * unit].view(_UINT[unit]), planes, dt, unit * 8, n)
     if tail:
         out[n * unit:] = np.frombuffer(planes[-1], dtype=np.uint8, count=tail)
     return out.tobytes()
+
+
+def _merge_sign_bytes(grid: np.ndarray, planes: list, n: int) -> None:
+    unit = grid.shape[1]
+    sign = np.unpackbits(np.frombuffer(planes[0], dtype=np.uint8), count=n,
+                         bitorder="little")
+    if unit == 2:                  # whole-word ops beat strided byte columns
+        w = grid.reshape(-1).view(np.uint16)
+        np.left_shift(np.frombuffer(planes[1], dtype=np.uint8, count=n), 8, out=w,
+                      dtype=np.uint16)
+        np.bitwise_or(w, np.frombuffer(planes[2], dtype=np.uint8, count=n), out=w)
+        w |= np.left_shift(sign, 15, dtype=np.uint16)
+        return
+    sign <<= 7
+    sign |= np.frombuffer(planes[1], dtype=np.uint8, count=n)
+    grid[:, unit - 1] = sign
+    for i, k in enumerate(range(unit - 2, -1, -1)):
+        grid[:, k] = np.frombuffer(planes[2 + i], dtype=np.uint8, count=n)
 
 
 def _merge_float(words: np.ndarray, planes: list, dt: DType, bits: int, n: int) -> None:
