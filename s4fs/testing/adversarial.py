@@ -44,7 +44,8 @@ def exhaustive() -> Iterator[tuple[str, str, bytes]]:
     all8 = np.arange(256, dtype=np.uint8).tobytes()
     yield "all bf16 patterns", "bfloat16", all16
     yield "all fp16 patterns", "float16", all16
-    for dt in ("float8_e4m3fn", "float8_e5m2"):
+    for dt in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+               "float8_e8m0fnu"):
         yield f"all {dt} patterns", dt, all8
 
 
@@ -69,6 +70,14 @@ def specials(seed: int = 0, n_random: int = 1_000_000) -> Iterator[tuple[str, st
     sq = np.abs(rng.standard_normal(n_random).astype(np.float32)) ** 2 * 1e-6
     sq[: n_random // 3] = 0
     yield "fp32 adam exp_avg_sq-like", "float32", sq.tobytes()
+    rows = rng.standard_normal((n_random // 384, 384)).astype(np.float32) * 1e-4
+    rows[rng.random(len(rows)) < 0.5] = 0
+    yield "fp32 zero rows (untouched embeddings)", "float32", rows.tobytes()
+    yield "bf16 zero rows (untouched embeddings)", "bfloat16", \
+        (rows.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    yield "fp32 all ones", "float32", np.ones(4096, dtype=np.float32).tobytes()
+    yield "fp32 denormals only", "float32", \
+        rng.integers(1, 1 << 23, 4096, dtype=np.uint32).tobytes()
 
 
 def random_bytes(seed: int = 0) -> Iterator[tuple[str, str, bytes]]:
