@@ -49,7 +49,8 @@ def _notify(msg: str) -> None:
 
 
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
-                     ready_fd: int | None = None, extra_options=(), workers: int = 16) -> None:
+                     ready_fd: int | None = None, extra_options=(), workers: int = 16,
+                     uid: int | None = None, gid: int | None = None) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount."""
     import pyfuse3
     import trio
@@ -59,7 +60,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     if is_stale(mountpoint):
         log.warning("%s is a stale mount (crashed daemon?); cleaning it up", mountpoint)
         unmount(mountpoint, lazy=True)
-    ops = S4Operations(fs, workers=workers)
+    ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
     opts.add("fsname=" + fs.store.url.replace(",", "%2C"))

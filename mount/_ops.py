@@ -13,6 +13,7 @@ import pyfuse3
 import trio
 
 from s4fs import keys
+from s4fs import metrics_shim as metrics
 from s4fs.errors import S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
 
@@ -31,13 +32,16 @@ def _fuse_errors(fn):
         except S4Error as exc:
             if exc.errno == errno.EIO:
                 log.error("%s: %s", fn.__name__, exc)
+                metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
             if exc.errno is None:
                 log.exception("%s failed", fn.__name__)
+            metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except Exception:
+        except Exception as exc:
             log.exception("unexpected error in %s", fn.__name__)
+            metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
     return wrapper
 
@@ -47,7 +51,8 @@ class S4Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0):
+    def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0,
+                 uid: int | None = None, gid: int | None = None):
         super().__init__()
         self.fs = fs
         self.attr_timeout = attr_timeout
@@ -59,7 +64,10 @@ class S4Operations(pyfuse3.Operations):
         self._handles: dict[int, object] = {}
         self._handle_locks: dict[int, trio.Lock] = {}
         self._next_fh = 1
-        self._uid, self._gid = os.getuid(), os.getgid()
+        # files appear owned by this user (the training job's, when the daemon runs as a
+        # service user); permissions are then checked by the kernel (default_permissions)
+        self._uid = os.getuid() if uid is None else uid
+        self._gid = os.getgid() if gid is None else gid
         self._seen_ids: dict[str, str] = {}     # path -> manifest id last served to the kernel
 
     # --- plumbing ------------------------------------------------------------------

@@ -11,11 +11,10 @@ import builtins
 import io
 import os
 import threading
-import time
 from urllib.parse import unquote, urlparse
 
 from s4fs import keys
-from s4fs.errors import InvalidArgument
+from s4fs.errors import InvalidArgument, PermissionDenied
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.stores import LocalStore, open_store
 
@@ -92,7 +91,11 @@ def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:
         prefix = "/".join(parts[:cut])
         store_url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         store = open_store(store_url)
-        if store.exists(keys.ROOT_MARKER):
+        try:
+            found = store.exists(keys.ROOT_MARKER)
+        except PermissionDenied:
+            found = False        # a policy limited to the store's prefix hides its parents
+        if found:
             return filesystem(store_url), "/".join(parts[cut:])
     if not create:
         raise InvalidArgument(f"{url} is not inside an s4fs store")
@@ -167,9 +170,7 @@ def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
 def save(obj, path, **torch_save_kwargs) -> None:
     """``torch.save(obj)`` into the store: tensor-aware, compressed, atomic."""
     import torch
-    from s4fs import metrics_shim as metrics
     fs, rel = resolve(path, create=True)
-    t0 = time.perf_counter()
     h = fs.open_write(rel, truncate=True)
     try:
         w = io.BufferedWriter(_WriteStream(h), 4 << 20)
@@ -180,8 +181,6 @@ def save(obj, path, **torch_save_kwargs) -> None:
         h.abort()
         raise
     h.release()
-    a = fs.stat(rel)
-    metrics.observe_save(rel, a.size, a.stored, time.perf_counter() - t0)
 
 
 def write_bytes(path, data) -> None:

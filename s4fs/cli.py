@@ -48,6 +48,10 @@ def cmd_mount(args) -> int:
             argv += ["--cache-dir", args.cache_dir]
         if args.device:
             argv += ["--device", args.device]
+        if args.uid is not None:
+            argv += ["--uid", str(args.uid)]
+        if args.gid is not None:
+            argv += ["--gid", str(args.gid)]
         if args.verbose:
             argv.append("-v")
         log_file = args.log_file or (os.path.join(args.cache_dir, "s4fs-mount.log")
@@ -61,7 +65,8 @@ def cmd_mount(args) -> int:
     if args.cache_dir:
         os.makedirs(args.cache_dir, exist_ok=True)
     fs = Filesystem(open_store(args.store), _fs_config(args))
-    mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd)
+    mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd,
+                     uid=args.uid, gid=args.gid)
     return 0
 
 
@@ -223,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
     m.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    m.add_argument("--uid", type=int, help="show files as owned by this user id")
+    m.add_argument("--gid", type=int, help="show files as owned by this group id")
     m.add_argument("--log-file", help="daemon log (default: CACHE_DIR/s4fs-mount.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.add_argument("-v", "--verbose", action="store_true")
@@ -301,6 +308,8 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd += ["--cache-dir", v]
         elif k == "device":
             cmd += ["--device", v]
+        elif k in ("uid", "gid"):
+            cmd += [f"--{k}", v]
         elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):
             continue
         else:

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys
+from s4fs import metrics_shim as metrics
 from s4fs.errors import (AlreadyExists, Busy, CorruptManifest, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound)
 from s4fs.ingest import IngestConfig, IngestSession
@@ -365,7 +366,7 @@ class Filesystem:
             if path and self._is_dir(path):
                 raise IsADirectory(f"{path!r} is a directory")
             raise NotFound(f"no file {path!r}")
-        return ReadHandle(FileReader(m, self.source))
+        return ReadHandle(FileReader(m, self.source), path=path)
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
                    exclusive: bool = False, mode: int = 0o644) -> "WriteHandle":
@@ -426,10 +427,13 @@ class ReadHandle:
     """A read-only view of one committed version of a file."""
 
     def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
-                 size_fn=None):
+                 size_fn=None, path: str = ""):
         self._reader = reader
         self._fd = staged_fd
         self._size_fn = size_fn
+        self.path = path
+        self.opened = time.monotonic()
+        self.nbytes = 0
 
     @property
     def size(self) -> int:
@@ -437,10 +441,16 @@ class ReadHandle:
 
     def read(self, offset: int, size: int) -> bytes:
         if self._reader is not None:
-            return self._reader.read(offset, size)
-        return os.pread(self._fd, size, offset)
+            data = self._reader.read(offset, size)
+        else:
+            data = os.pread(self._fd, size, offset)
+        self.nbytes += len(data)
+        return data
 
     def release(self) -> None:
+        if self.nbytes:
+            metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)
+            self.nbytes = 0
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -453,6 +463,7 @@ class WriteHandle:
                  previous: Manifest | None) -> None:
         self.fs, self.path, self.mode = fs, path, mode
         self.mtime = time.time()
+        self.opened = time.monotonic()
         self.previous = previous
         self.refs = 1
         self.error: BaseException | None = None
@@ -591,8 +602,11 @@ class WriteHandle:
                 self.fs.commit(self.path, m)
                 self.previous = m
                 self._dirty = False
+                metrics.observe_save(self.path, m.size, m.stored_bytes(),
+                                     time.monotonic() - self.opened)
             except BaseException as exc:
                 self.error = exc
+                metrics.observe_error(type(exc).__name__)
                 raise
 
     fsync = flush

@@ -25,6 +25,7 @@ from typing import Callable
 import xxhash
 
 from s4fs import codec, keys
+from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
 
@@ -71,26 +72,28 @@ class PackWriter:
     def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None):
         self.store, self.cfg = store, cfg
         self.keys: list[str] = []
-        self._buf = bytearray()
+        self._buf: list[bytes] = []
+        self._buf_len = 0
         self._key = keys.new_pack_key()
         self._uploads: deque[Future] = deque()
         self._on_pack = on_pack
         self.stored = 0
 
     def add(self, blob: bytes) -> tuple[str, int]:
-        if self._buf and len(self._buf) + len(blob) > self.cfg.pack_size:
+        if self._buf and self._buf_len + len(blob) > self.cfg.pack_size:
             self._submit()
-        off = len(self._buf)
-        self._buf += blob
+        off = self._buf_len
+        self._buf.append(blob)
+        self._buf_len += len(blob)
         self.stored += len(blob)
         return self._key, off
 
     def _submit(self) -> None:
         if not self._buf:
             return
-        key, data = self._key, bytes(self._buf)
+        key, data = self._key, b"".join(self._buf)
         self.keys.append(key)
-        self._buf = bytearray()
+        self._buf, self._buf_len = [], 0
         self._key = keys.new_pack_key()
         while len(self._uploads) >= self.cfg.max_uploads:
             self._uploads.popleft().result()
@@ -136,7 +139,8 @@ class IngestSession:
         self.parser = parser
         self.packs = PackWriter(store, cfg, on_pack)
         self.size = 0
-        self._hash = xxhash.xxh3_128()
+        self._hash = xxhash.xxh3_128()        # over the bytes given to write()
+        self._routed = xxhash.xxh3_128()      # over the bytes the parser handed back
         self._raw = Stream("raw")
         self._streams: list[Stream] = [self._raw]
         self._extents: list[list[int]] = []
@@ -169,6 +173,7 @@ class IngestSession:
             n = len(piece)
             if n == 0:
                 continue
+            self._routed.update(piece)
             if seg.kind == "tensor":
                 self._tensor_piece(seg, piece)
             else:
@@ -292,6 +297,11 @@ class IngestSession:
             self._raw_buf = bytearray()
         while self._pending:
             self._drain_one()
+        if self._routed.digest() != self._hash.digest():
+            # the parser must hand back exactly the bytes it was fed; never commit otherwise
+            raise CodecError(
+                "internal error: the stream parser did not return the bytes it was given; "
+                "the file was not stored (please report this with the file)")
         self.packs.finish()
         self._closed = True
         names = {}
