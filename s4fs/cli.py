@@ -50,6 +50,7 @@ def cmd_mount(args) -> int:
             argv += ["--device", args.device]
         if args.uid is not None:
             argv += ["--uid", str(args.uid)]
+        argv += ["--gc-interval", str(args.gc_interval)]
         if args.gid is not None:
             argv += ["--gid", str(args.gid)]
         if args.verbose:
@@ -65,6 +66,9 @@ def cmd_mount(args) -> int:
     if args.cache_dir:
         os.makedirs(args.cache_dir, exist_ok=True)
     fs = Filesystem(open_store(args.store), _fs_config(args))
+    if args.gc_interval > 0:
+        from s4fs.gc import BackgroundCollector
+        BackgroundCollector(fs.store, interval=args.gc_interval).start()
     mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd,
                      uid=args.uid, gid=args.gid)
     return 0
@@ -122,7 +126,7 @@ def file_report(fs, rel: str) -> dict:
                 delta_bytes += c.stored
             else:
                 full_bytes += c.stored
-            depth = max(depth, c.depth + (0 if c.pack in own else 1) if c.base or c.pack not in own else 0)
+            depth = max(depth, c.depth)
         if s.kind == "tensor":
             tensors.append({"name": m.names.get(s.name, s.name), "record": s.name,
                             "dtype": s.dtype, "logical": s.length, "stored": stored})
@@ -228,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
     m.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    m.add_argument("--gc-interval", type=float, default=3600.0,
+                   help="seconds between background garbage collections (0: never)")
     m.add_argument("--uid", type=int, help="show files as owned by this user id")
     m.add_argument("--gid", type=int, help="show files as owned by this group id")
     m.add_argument("--log-file", help="daemon log (default: CACHE_DIR/s4fs-mount.log)")

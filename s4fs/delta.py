@@ -1,8 +1,99 @@
-"""Choosing the delta base of a new checkpoint (see docs/DELTA.md)."""
+"""Choosing the delta base of a new checkpoint.
+
+A new torch checkpoint is coded against the previous checkpoint it most resembles:
+
+1. the previous version of the same path (a file overwritten in place, ``latest.pt``);
+2. the newest file in the same directory whose name has the same shape once digits are
+   ignored (``ckpt_100.pt`` → ``ckpt_200.pt``, ``step-9.pt`` → ``step-10.pt``);
+3. the same file name in the newest sibling directory of the same shape
+   (``checkpoint-500/optimizer.pt`` → ``checkpoint-1000/optimizer.pt``, as Hugging Face
+   Trainer and Lightning write them).
+
+Among the candidates (at most a few manifests are read) the one sharing the most tensor
+bytes (same record name, dtype and size) wins. The ingest then keeps, per chunk, the
+smaller of the chunk's own coding and its XOR with the base chunk; chains are bounded by
+``IngestConfig.max_delta_depth``.
+"""
 
 from __future__ import annotations
 
+import re
 
-def choose_base(fs, path: str, previous):
-    """The manifest a new version of ``path`` should be coded against, or None."""
-    return previous if previous is not None and previous.kind != "raw" else None
+from s4fs import keys
+from s4fs.manifest import Manifest
+
+_DIGITS = re.compile(r"\d+")
+MAX_CANDIDATES = 4
+
+
+def shape(name: str) -> str:
+    """A name with its numbers blanked: ckpt_100.pt and ckpt_200.pt share a shape."""
+    return _DIGITS.sub("#", name)
+
+
+def _number(name: str) -> tuple:
+    return tuple(int(x) for x in _DIGITS.findall(name))
+
+
+def candidates(fs, path: str) -> list[str]:
+    """Paths that may serve as the base of ``path``, most promising first."""
+    parent, name = keys.parent(path), keys.basename(path)
+    out: list[str] = []
+    try:
+        siblings = fs.listdir(parent)
+    except Exception:
+        siblings = []
+    me = _number(name)
+    same_dir = [n for n in siblings if n != name and shape(n) == shape(name)]
+    # prefer the closest earlier number, then any other
+    same_dir.sort(key=lambda n: (_number(n) > me, abs(_sum(_number(n)) - _sum(me))))
+    out += [f"{parent}/{n}" if parent else n for n in same_dir[:MAX_CANDIDATES]]
+    if parent:
+        grand, dname = keys.parent(parent), keys.basename(parent)
+        try:
+            dirs = fs.listdir(grand)
+        except Exception:
+            dirs = []
+        mine = _number(dname)
+        peers = [d for d in dirs if d != dname and shape(d) == shape(dname)]
+        peers.sort(key=lambda d: (_number(d) > mine, abs(_sum(_number(d)) - _sum(mine))))
+        for d in peers[:MAX_CANDIDATES]:
+            out.append(f"{grand}/{d}/{name}" if grand else f"{d}/{name}")
+    return out
+
+
+def _sum(t: tuple) -> int:
+    return sum(t)
+
+
+def overlap(a: Manifest, b: Manifest) -> int:
+    """Tensor bytes two manifests have in common (same name, dtype and size)."""
+    mine = {(s.name, s.dtype, s.length) for s in a.streams if s.kind == "tensor"}
+    return sum(s.length for s in b.streams
+               if s.kind == "tensor" and (s.name, s.dtype, s.length) in mine)
+
+
+def choose_base(fs, path: str, previous: Manifest | None,
+                template: Manifest | None = None) -> tuple[str, Manifest] | None:
+    """(path, manifest) of the base a new version of ``path`` should use, or None.
+
+    ``template`` — when known, the manifest the new file will resemble (e.g. the
+    version being overwritten) — breaks ties by tensor overlap; otherwise the first
+    usable candidate wins.
+    """
+    found: list[tuple[str, Manifest]] = []
+    if previous is not None and previous.kind != "raw":
+        found.append((path, previous))
+    for p in candidates(fs, path):
+        if len(found) > MAX_CANDIDATES:
+            break
+        try:
+            m = fs.manifest(p)
+        except Exception:
+            continue
+        if m.kind != "raw":
+            found.append((p, m))
+    if not found:
+        return None
+    ref = template or found[0][1]
+    return max(found, key=lambda pm: (overlap(ref, pm[1]), pm[1].mtime))

@@ -31,7 +31,7 @@ from s4fs.errors import (AlreadyExists, Busy, CorruptManifest, DirectoryNotEmpty
 from s4fs.ingest import IngestConfig, IngestSession
 from s4fs.manifest import Manifest
 from s4fs.reader import ChunkSource, FileReader
-from s4fs.stores import Store
+from s4fs.stores import LocalStore, Store
 
 STORE_FORMAT = {"format": "s4fs-store", "version": 1}
 
@@ -43,6 +43,7 @@ class FsConfig:
     cache_bytes: int = 256 << 20       # decoded-chunk LRU
     metadata_ttl: float = 1.0          # how long a cached manifest/listing is trusted
     delta: bool = True                 # store checkpoints as deltas of the previous one
+    pack_cache_bytes: int = 8 << 30    # local copies of the newest packs (remote stores)
 
 
 @dataclass
@@ -66,8 +67,13 @@ class Filesystem:
         self._own_cache = self.cfg.cache_dir is None
         self.cache_dir = self.cfg.cache_dir or tempfile.mkdtemp(prefix="s4fs-cache-")
         os.makedirs(os.path.join(self.cache_dir, "staging"), exist_ok=True)
+        self.pack_cache = None
+        if self.cfg.pack_cache_bytes and not isinstance(store, LocalStore):
+            from s4fs.cache import PackCache
+            self.pack_cache = PackCache(os.path.join(self.cache_dir, "packs"),
+                                        self.cfg.pack_cache_bytes)
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
-                                  device=self.cfg.ingest.device)
+                                  device=self.cfg.ingest.device, blob_cache=self.pack_cache)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._writers: dict[str, "WriteHandle"] = {}
@@ -412,11 +418,15 @@ class Filesystem:
                 del self._writers[w.path]
 
     def new_session(self, path: str, previous: Manifest | None) -> IngestSession:
-        base = None
+        base = base_path = None
         if self.cfg.delta:
             from s4fs.delta import choose_base
-            base = choose_base(self, path, previous)
-        return IngestSession(self.store, self.cfg.ingest, base=base, source=self.source)
+            chosen = choose_base(self, path, previous)
+            if chosen is not None:
+                base_path, base = chosen
+        return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
+                             source=self.source, on_pack=self.pack_cache.put
+                             if self.pack_cache is not None else None)
 
     def staging_file(self):
         return tempfile.NamedTemporaryFile(dir=os.path.join(self.cache_dir, "staging"),

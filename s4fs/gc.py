@@ -62,3 +62,34 @@ def collect(store: Store, *, grace: float = 6 * 3600, dry_run: bool = False,
             if not dry_run:
                 store.delete(obj.key)
     return report
+
+
+class BackgroundCollector:
+    """Runs :func:`collect` every ``interval`` seconds in a daemon thread (the mount
+    daemon starts one). Errors are logged and retried at the next interval."""
+
+    def __init__(self, store: Store, *, interval: float = 3600.0,
+                 grace: float = 6 * 3600) -> None:
+        import threading
+        self.store, self.interval, self.grace = store, interval, grace
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="s4fs-gc", daemon=True)
+        self.last: GcReport | None = None
+
+    def start(self) -> "BackgroundCollector":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import logging
+        log = logging.getLogger("s4fs.gc")
+        while not self._stop.wait(self.interval):
+            try:
+                self.last = collect(self.store, grace=self.grace)
+                log.info("gc: freed %d packs (%d bytes)", len(self.last.freed),
+                         self.last.freed_bytes)
+            except Exception as exc:  # keep the daemon alive; try again later
+                log.warning("gc failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -130,8 +130,8 @@ class IngestSession:
     """One file being written. Not thread-safe: one writer calls write()/finish()."""
 
     def __init__(self, store: Store, cfg: IngestConfig = IngestConfig(), *,
-                 base: Manifest | None = None, source=None, parser=None,
-                 on_pack: Callable | None = None) -> None:
+                 base: Manifest | None = None, base_path: str | None = None, source=None,
+                 parser=None, on_pack: Callable | None = None) -> None:
         if parser is None:
             from s4fs.parse import new_parser
             parser = new_parser()
@@ -153,6 +153,7 @@ class IngestSession:
         self._tensor_base: list[ChunkRef] | None = None
         self._pending: deque[_Pending] = deque()
         self._base = base
+        self._base_info = {"path": base_path, "id": base.id} if base is not None else None
         self._source = source
         self._base_streams = self._index_base(base)
         self._closed = False
@@ -314,7 +315,8 @@ class IngestSession:
                         mtime=time.time() if mtime is None else mtime, mode=mode,
                         kind=getattr(self.parser, "format", "raw"), id=uuid.uuid4().hex,
                         streams=streams, extents=[tuple(e) for e in self._extents],
-                        names=names, own_packs=list(self.packs.keys))
+                        names=names, own_packs=list(self.packs.keys),
+                        base=self._base_info)
 
     def abort(self) -> None:
         """Give up: nothing becomes visible; uploaded packs are left to the collector."""

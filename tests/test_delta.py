@@ -1,0 +1,238 @@
+"""Delta chains: consecutive checkpoints stored as XOR deltas, safe deletes, GC."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import s4fs
+from s4fs.cli import file_report
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.gc import collect
+from s4fs.ingest import IngestConfig
+from s4fs.stores import LocalStore
+
+
+def tbytes(obj) -> bytes:
+    b = io.BytesIO()
+    torch.save(obj, b)
+    return b.getvalue()
+
+
+def put(fs, path, data: bytes):
+    parts = path.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        if not fs.exists("/".join(parts[:i])):
+            fs.mkdir("/".join(parts[:i]))
+    h = fs.open_write(path)
+    h.write(0, data)
+    h.flush()
+    h.release()
+
+
+def get(fs, path) -> bytes:
+    r = fs.open_read(path)
+    return r.read(0, fs.stat(path).size)
+
+
+def chain_len(ref) -> int:
+    n = 0
+    while ref.base is not None:
+        n += 1
+        ref = ref.base
+    return n
+
+
+def series(n=5, size=1 << 18, seed=0):
+    """A slowly drifting fp32 'weight' plus a bf16 copy and a frozen tensor."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(size).astype(np.float32)
+    frozen = torch.from_numpy(rng.standard_normal(size).astype(np.float32))
+    out = []
+    for i in range(n):
+        w = w + rng.standard_normal(size).astype(np.float32) * 1e-3 * (rng.random(size) < 0.2)
+        t = torch.from_numpy(w.copy())
+        out.append({"w": t, "w16": t.to(torch.bfloat16), "frozen": frozen, "step": i})
+    return [tbytes(o) for o in out]
+
+
+def make_fs(root, **ingest):
+    cfg = FsConfig(ingest=IngestConfig(chunk_size=1 << 16, **ingest))
+    return Filesystem(LocalStore(root), cfg)
+
+
+def test_delta_is_smaller_and_exact(tmp_path):
+    fs = make_fs(tmp_path / "s")
+    data = series()
+    for i, d in enumerate(data):
+        put(fs, f"run/ckpt_{i * 100}.pt", d)
+    sizes = [fs.manifest(f"run/ckpt_{i * 100}.pt").stored_bytes() for i in range(len(data))]
+    assert all(s < 0.6 * sizes[0] for s in sizes[1:]), sizes
+    for i, d in enumerate(data):
+        assert get(fs, f"run/ckpt_{i * 100}.pt") == d
+    r = file_report(fs, "run/ckpt_200.pt")
+    assert r["base"] == "run/ckpt_100.pt" and r["stored_delta"] > 0
+    frozen = next(t for t in r["tensors"] if t["name"] == "frozen")
+    assert frozen["stored"] == 0                     # unchanged: a reference only
+    fs.close()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_depth_bound(tmp_path, depth):
+    fs = make_fs(tmp_path / "s", max_delta_depth=depth)
+    data = series(7)
+    for i, d in enumerate(data):
+        put(fs, f"c/step-{i}.pt", d)
+    longest = 0
+    for i, d in enumerate(data):
+        m = fs.manifest(f"c/step-{i}.pt")
+        longest = max(longest, max(chain_len(c) for s in m.streams for c in s.chunks))
+        assert get(fs, f"c/step-{i}.pt") == d
+    assert longest == depth                          # reached, never exceeded
+    fs.close()
+
+
+def test_every_subset_of_deletes_then_gc(tmp_path):
+    data = series(4, size=1 << 15)
+    src = tmp_path / "src"
+    fs = make_fs(src)
+    names = [f"r/ckpt_{i}.pt" for i in range(len(data))]
+    for n, d in zip(names, data):
+        put(fs, n, d)
+    fs.close()
+    for k in range(1, len(names)):
+        for gone in itertools.combinations(range(len(names)), k):
+            root = tmp_path / f"case-{'-'.join(map(str, gone))}"
+            shutil.copytree(src, root)
+            fs = make_fs(root)
+            for i in gone:
+                fs.unlink(names[i])
+            report = collect(fs.store, grace=0)
+            for i, n in enumerate(names):
+                if i not in gone:
+                    assert get(fs, n) == data[i], (gone, n)
+            assert report.manifests == len(names) - k
+            fs.close()
+            shutil.rmtree(root)
+
+
+def test_overwrite_and_rename_keep_deltas_alive(tmp_path):
+    fs = make_fs(tmp_path / "s")
+    a, b, c = series(3)
+    put(fs, "ckpt_1.pt", a)
+    put(fs, "ckpt_2.pt", b)                          # delta of ckpt_1
+    put(fs, "ckpt_1.pt", c)                          # overwrite the base
+    fs.rename("ckpt_2.pt", "kept.pt")
+    collect(fs.store, grace=0)
+    fresh = make_fs(tmp_path / "s")                  # no cached chunks
+    assert get(fresh, "kept.pt") == b and get(fresh, "ckpt_1.pt") == c
+    fs.close()
+    fresh.close()
+
+
+def test_gc_grace_and_dry_run(tmp_path):
+    fs = make_fs(tmp_path / "s")
+    a, b = series(2)
+    put(fs, "x.pt", a)
+    fs.unlink("x.pt")
+    dry = collect(fs.store, grace=0, dry_run=True)
+    assert dry.freed and all(fs.store.exists(k) for k, _ in dry.freed)
+    young = collect(fs.store, grace=3600)
+    assert not young.freed and young.young == len(dry.freed)
+    out = subprocess.run([sys.executable, "-m", "s4fs.cli", "gc", str(tmp_path / "s"),
+                          "--grace", "0"], capture_output=True, text=True, check=True).stdout
+    assert "freed" in out
+    assert not any(fs.store.exists(k) for k, _ in dry.freed)
+    fs.close()
+
+
+def test_nan_and_denormal_base(tmp_path):
+    special = np.array([0x7FC00001, 0x7F800001, 0xFFFFFFFF, 0x00000001, 0x807FFFFF,
+                        0x7F800000, 0x80000000], dtype=np.uint32)
+    base = np.resize(special, 1 << 16).view(np.float32).copy()
+    new = base.copy()
+    new.view(np.uint32)[::5] ^= 1                   # flip payload/low bits everywhere
+    fs = make_fs(tmp_path / "s")
+    d0 = tbytes({"t": torch.from_numpy(base)})
+    d1 = tbytes({"t": torch.from_numpy(new)})
+    put(fs, "n/ckpt_0.pt", d0)
+    put(fs, "n/ckpt_1.pt", d1)
+    assert fs.manifest("n/ckpt_1.pt").base["path"] == "n/ckpt_0.pt"
+    assert get(make_fs(tmp_path / "s"), "n/ckpt_1.pt") == d1
+    fs.close()
+
+
+def test_rotating_sibling_directories(tmp_path):
+    fs = make_fs(tmp_path / "s")
+    a, b = series(2)
+    put(fs, "out/checkpoint-500/optimizer.pt", a)
+    put(fs, "out/checkpoint-1000/optimizer.pt", b)
+    m = fs.manifest("out/checkpoint-1000/optimizer.pt")
+    assert m.base["path"] == "out/checkpoint-500/optimizer.pt"
+    assert m.stored_bytes() < 0.6 * fs.manifest("out/checkpoint-500/optimizer.pt").stored_bytes()
+    fs.close()
+
+
+def test_real_finetuning_series_api(tmp_path):
+    """Real AdamW fine-tuning of all-MiniLM-L6-v2 with frozen layers, saved via the API."""
+    from s4fs.testing.minilm import finetune
+    root = tmp_path / "run"
+    root.mkdir()
+    frozen = ("embeddings.", "encoder.layer.0.")
+    saved = {}
+    for step, model_sd, opt_sd in finetune(60, every=20, freeze=frozen):
+        obj = {"model": model_sd, "optimizer": opt_sd, "step": step}
+        s4fs.save_checkpoint(root, step, obj)
+        saved[step] = hashlib.sha256(tbytes(obj)).hexdigest()
+    assert s4fs.list_checkpoints(root) == [20, 40, 60]
+    fs, _ = s4fs.resolve(root / "step-20.pt")
+    first = file_report(fs, "step-20.pt")
+    last = file_report(fs, "step-60.pt")
+    assert last["base"] == "step-40.pt" and last["stored"] < first["stored"]
+    for t in last["tensors"]:
+        if t["name"].startswith("model.embeddings.") or t["name"].startswith("model.encoder.layer.0."):
+            assert t["stored"] == 0, t                 # frozen parameters cost nothing
+    fs.unlink("step-20.pt")                              # the root of the chain
+    collect(fs.store, grace=0)
+    fresh = Filesystem(LocalStore(root))
+    for step in (40, 60):
+        assert hashlib.sha256(get(fresh, f"step-{step}.pt")).hexdigest() == saved[step]
+    back = s4fs.load_checkpoint(root)
+    assert back["step"] == 60
+    fresh.close()
+
+
+@pytest.mark.fuse
+def test_real_series_through_the_mount(mount_factory, tmp_path):
+    from s4fs.testing.minilm import finetune
+    m = mount_factory()
+    run = os.path.join(m.path, "run")
+    os.mkdir(run)
+    twins = tmp_path / "twins"
+    twins.mkdir()
+    for step, model_sd, opt_sd in finetune(40, every=20):
+        obj = {"model": model_sd, "optimizer": opt_sd}
+        torch.save(obj, os.path.join(run, f"ckpt_{step}.pt"))
+        torch.save(obj, twins / f"ckpt_{step}.pt")
+    out = subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", "--json",
+                          os.path.join(run, "ckpt_40.pt")], capture_output=True, text=True,
+                         check=True).stdout
+    import json
+    r = json.loads(out)
+    assert r["base"] == "run/ckpt_20.pt" and r["chain_depth"] >= 1
+    os.remove(os.path.join(run, "ckpt_20.pt"))
+    subprocess.run([sys.executable, "-m", "s4fs.cli", "gc", m.store, "--grace", "0"],
+                   check=True, capture_output=True)
+    m.restart()
+    with open(os.path.join(run, "ckpt_40.pt"), "rb") as f:
+        got = hashlib.sha256(f.read()).hexdigest()
+    assert got == hashlib.sha256((twins / "ckpt_40.pt").read_bytes()).hexdigest()
