@@ -32,7 +32,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=float, default=4.0, help="MiB per chunk")
     p.add_argument("--repeat", type=int, default=3, help="timed runs (best is shown)")
     p.add_argument("--weights", default=None, help="safetensors file of fp32 weights")
-    p.add_argument("--profiles", default="default,float,gdeflate-mantissa,portable")
+    p.add_argument("--profiles",
+                   default="default,default:verify=false,float,gdeflate-mantissa,portable")
     p.add_argument("--sets", default="bf16,fp32,adam")
     p.add_argument("--cpu-sample", type=float, default=256, help="MiB coded on the CPU")
     return p.parse_args(argv)
@@ -60,8 +61,7 @@ def _profiles(names):
     """Profile names, each optionally with overrides: ``sm:chunk=262144:ans_states=1``."""
     import dataclasses
     from s4fs.codec.gpu import PROFILES, GpuProfile
-    extra = {"float": GpuProfile(name="float", layout="float"),
-             "sm-raw": GpuProfile(name="sm-raw", layout="sm", mantissa="raw")}
+    extra = {"sm-raw": GpuProfile(name="sm-raw", mantissa="raw")}
     out = []
     for spec in names:
         name, *over = spec.split(":")
@@ -69,7 +69,8 @@ def _profiles(names):
         kw = {}
         for o in over:
             k, v = o.split("=")
-            kw[k] = type(getattr(base, k))(v)
+            kind = type(getattr(base, k))
+            kw[k] = v.lower() in ("1", "true", "yes") if kind is bool else kind(v)
         out.append(dataclasses.replace(base, name=spec, **kw) if kw else base)
     return out
 
@@ -211,8 +212,39 @@ def _cpu(items, sample_bytes):
     return sum(len(x) for x in blobs) / raw, raw / dt / 1e9
 
 
-def _torch_dtype_name(t) -> str:
-    return str(t.dtype).replace("torch.", "")
+def _measure(gpu, set_name, prof, items, chunks, raw, args):
+    """One profile on one data set: a table row (without the CPU column) and stage rows."""
+    gpu.compress_many(items[:4], profile=prof, out="device")              # warm up
+    t_enc, blobs = _best(lambda: gpu.compress_many(items, profile=prof, out="device"),
+                         args.repeat)
+    stored = sum(int(x.nbytes) for x in blobs)
+    t_dec, outs = _best(lambda: gpu.decompress_many(blobs, out="device"), args.repeat)
+    exact = _equal(chunks, outs)
+    del outs
+    t_enc_h, hblobs = _best(lambda: gpu.compress_many(items, profile=prof, out="host"),
+                            args.repeat)
+    t_dec_h, _ = _best(lambda: gpu.decompress_many(hblobs, out="device"), args.repeat)
+    ans = "-"
+    alone = _ans_alone(items, prof, args.repeat) if prof.exponent == "ans" else None
+    if alone:
+        te, td, pbytes, _ = alone
+        ans = (f"{raw / te / 1e9:.0f} / {raw / td / 1e9:.0f} "
+               f"({pbytes / te / 1e9:.0f} / {pbytes / td / 1e9:.0f} on planes)")
+    row = [set_name, prof.name, f"{100 * stored / raw:.2f}", f"{raw / t_enc / 1e9:.0f}",
+           f"{raw / t_dec / 1e9:.0f}", f"{raw / t_enc_h / 1e9:.1f}", f"{raw / t_dec_h / 1e9:.1f}",
+           ans, "yes" if exact else "NO"]
+    stages = []
+    if prof.name in ("default", "float"):
+        for kind in ("encode", "decode"):
+            tm = Timer()
+            if kind == "encode":
+                gpu.compress_many(items, profile=prof, out="host", timer=tm)
+            else:
+                gpu.decompress_many(hblobs, out="host", timer=tm)
+            tot = sum(tm.stages.values())
+            stages.append([set_name, prof.name, kind, f"{1e3 * tot:.1f}",
+                           ", ".join(f"{k} {1e3 * v:.1f}" for k, v in tm.stages.items())])
+    return row, stages
 
 
 def run(args=None) -> None:
@@ -222,6 +254,7 @@ def run(args=None) -> None:
     import cupy
     import torch
     from s4fs.codec import gpu
+    from s4fs.errors import S4Error
     gpu.require()
     weights = _weights_path(args.weights)
     data, source = _data(args, weights)
@@ -239,38 +272,13 @@ def run(args=None) -> None:
         raw = flat.numel() * flat.element_size()
         cpu_ratio, cpu_speed = _cpu(items, int(args.cpu_sample * MiB))
         for prof in _profiles(args.profiles.split(",")):
-            gpu.compress_many(items[:4], profile=prof, out="device")          # warm up
-            t_enc, blobs = _best(lambda: gpu.compress_many(items, profile=prof, out="device"),
-                                 args.repeat)
-            stored = sum(int(x.nbytes) for x in blobs)
-            t_dec, outs = _best(lambda: gpu.decompress_many(blobs, out="device"), args.repeat)
-            exact = _equal(chunks, outs)
-            del outs
-            t_enc_h, hblobs = _best(lambda: gpu.compress_many(items, profile=prof, out="host"),
-                                    args.repeat)
-            t_dec_h, _ = _best(lambda: gpu.decompress_many(hblobs, out="device"), args.repeat)
-            ans = ""
-            alone = _ans_alone(items, prof, args.repeat) if prof.exponent == "ans" else None
-            if alone:
-                te, td, pbytes, pcomp = alone
-                ans = (f"{raw / te / 1e9:.0f} / {raw / td / 1e9:.0f} "
-                       f"({pbytes / te / 1e9:.0f} / {pbytes / td / 1e9:.0f} on planes)")
-            rows.append([set_name, prof.name, f"{100 * stored / raw:.2f}",
-                         f"{100 * cpu_ratio:.2f}", f"{raw / t_enc / 1e9:.0f}",
-                         f"{raw / t_dec / 1e9:.0f}", f"{raw / t_enc_h / 1e9:.1f}",
-                         f"{raw / t_dec_h / 1e9:.1f}", ans or "-",
-                         "yes" if exact else "NO"])
-            if prof.name in ("default", "float"):
-                for kind, fn in (("encode", lambda: gpu.compress_many(
-                        items, profile=prof, out="host", timer=tm)),
-                                 ("decode", lambda: gpu.decompress_many(
-                        hblobs, out="host", timer=tm))):
-                    tm = Timer()
-                    fn()
-                    tot = sum(tm.stages.values())
-                    stages.append([set_name, prof.name, kind, f"{1e3 * tot:.1f}"] + [
-                        ", ".join(f"{k} {1e3 * v:.1f}" for k, v in tm.stages.items())])
-            del blobs, hblobs
+            try:
+                row, st = _measure(gpu, set_name, prof, items, chunks, raw, args)
+            except S4Error as exc:              # record it, keep measuring the others
+                row, st = [set_name, prof.name] + ["-"] * 6 + [f"NO: {type(exc).__name__}"], []
+                print(f"# {set_name} / {prof.name}: {type(exc).__name__}: {exc}", flush=True)
+            rows.append(row[:3] + [f"{100 * cpu_ratio:.2f}"] + row[3:])
+            stages += st
             torch.cuda.empty_cache()
             cupy.get_default_memory_pool().free_all_blocks()
         print(f"# {set_name}: CPU path {100 * cpu_ratio:.2f} % stored at {cpu_speed:.2f} GB/s "

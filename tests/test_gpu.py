@@ -121,6 +121,7 @@ def test_golden_fixtures_are_what_they_claim():
 
 def test_profile_config_round_trips():
     from s4fs.codec.gpu import PROFILES, GpuProfile
+    assert set(PROFILES) == {"default", "float", "gdeflate-mantissa", "portable"}
     for p in PROFILES.values():
         assert GpuProfile.from_config(json.loads(json.dumps(p.get_config()))) == p
     with pytest.raises(ValueError):
@@ -183,10 +184,10 @@ def test_emulated_xxh3_matches_xxhash(emu):
     assert [int(g) for g in got] == want
 
 
-@pytest.mark.parametrize("profile", ["default", "portable", "gdeflate-mantissa", "sm"])
+@pytest.mark.parametrize("profile", ["default", "float", "portable", "gdeflate-mantissa"])
 def test_emulated_pipeline_round_trips_every_adversarial_set(emu, profile):
-    from s4fs.codec.gpu import PROFILES, GpuProfile, _decode, _encode
-    prof = PROFILES.get(profile) or GpuProfile(name="sm", layout="sm")
+    from s4fs.codec.gpu import PROFILES, _decode, _encode
+    prof = PROFILES[profile]
     cases = _cases(20_000)
     blobs = _encode.compress_many([(x, d, b) for _, d, x, b in cases], profile=prof, backend=emu)
     outs = _decode.decompress_many(blobs, [b for *_, b in cases], backend=emu)
@@ -280,17 +281,46 @@ def test_emulated_ans_blob_from_another_nvcomp_major_is_refused(emu):
         _decode.decompress_many([bytes(blob)], backend=emu)
 
 
+def test_emulated_self_check_replaces_blobs_that_do_not_restore(emu):
+    """A codec that writes a bad chunk (injected) never costs data: the encoder decodes
+    what it wrote, and codes the failing chunk on the CPU instead."""
+    import dataclasses
+    from s4fs.codec.gpu import DEFAULT, _decode, _encode
+
+    class Faulty(type(emu)):
+        def __init__(self, inner):
+            self.__dict__.update(inner.__dict__)
+
+        def encode(self, spec, src, src_off, sizes, dst, dst_off, cap):
+            out = super().encode(spec, src, src_off, sizes, dst, dst_off, cap)
+            dst[dst_off[0]: dst_off[0] + 4] ^= 0x55            # first chunk of the batch
+            return out
+
+    faulty = Faulty(emu)
+    rng = np.random.default_rng(7)
+    datas = [(rng.standard_normal(30_000) * 0.02).astype(np.float16).tobytes() for _ in range(3)]
+    items = [(d, "float16") for d in datas]
+    blobs = _encode.compress_many(items, backend=faulty)
+    assert [p["codec"] for p in inspect(blobs[0]).planes] != \
+        [p["codec"] for p in inspect(blobs[1]).planes]         # blob 0 came from the CPU
+    assert _decode.decompress_many(blobs, backend=emu) == datas
+    unchecked = _encode.compress_many(items, backend=faulty,
+                                      profile=dataclasses.replace(DEFAULT, verify=False))
+    with pytest.raises(CodecError):
+        _decode.decompress_many(unchecked, backend=emu)
+
+
 # --------------------------------------------------------------------------- on a GPU
 
-PROFILE_NAMES = ["default", "portable", "gdeflate-mantissa", "sm", "sm-raw"]
+PROFILE_NAMES = ["default", "float", "portable", "gdeflate-mantissa", "sm-raw", "unchecked"]
 
 
 def _profile(name):
     from s4fs.codec.gpu import PROFILES, GpuProfile
-    if name == "sm":
-        return GpuProfile(name="sm", layout="sm")
     if name == "sm-raw":
-        return GpuProfile(name="sm-raw", layout="sm", mantissa="raw")
+        return GpuProfile(name="sm-raw", mantissa="raw")
+    if name == "unchecked":
+        return GpuProfile(name="unchecked", verify=False)
     return PROFILES[name]
 
 
@@ -447,7 +477,7 @@ def test_write_golden_fixtures():
         pytest.skip("golden fixtures exist; they are never regenerated")
     os.makedirs(target, exist_ok=True)
     manifest = {}
-    for profile in ("default", "gdeflate-mantissa", "portable", "sm"):
+    for profile in ("default", "float", "gdeflate-mantissa", "portable"):
         prof = _profile(profile)
         for name, (dt, data, base) in _golden_inputs().items():
             blob = G.compress(data, lookup(dt), base=base, profile=prof)

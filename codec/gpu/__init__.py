@@ -18,13 +18,13 @@ import functools
 from s4fs.errors import CodecUnavailableError
 
 from . import _codecs
-from ._profiles import DEFAULT, GDEFLATE_MANTISSA, PORTABLE, PROFILES, GpuProfile
+from ._profiles import DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE, PROFILES, GpuProfile
 
 _codecs.register()
 
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
            "decompress_many", "decompress_planes", "prefers", "GpuProfile", "DEFAULT",
-           "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version"]
+           "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version"]
 
 # host buffers smaller than this stay on the CPU under device="auto"
 AUTO_MIN_HOST_BYTES = 1 << 20

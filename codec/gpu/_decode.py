@@ -48,7 +48,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     the checksum (what ``s4fs.codec.decompress`` wants: it does both itself).
     """
     from ._backend import cuda_backend
-    if out not in ("bytes", "host", "device"):
+    if out not in ("bytes", "host", "device", "check"):
         raise CodecError(f"out must be 'bytes', 'host' or 'device', not {out!r}")
     blobs = list(blobs)
     bases = list(bases) if bases is not None else [None] * len(blobs)
@@ -212,6 +212,8 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     mark("merge")
 
     # 6. checksums on the device
+    if out == "check":          # the encoder's self-check: which blobs restore exactly
+        return _verify(b, heads, [op + o for o in out_off], base_ptr, keep, report=True)
     if verify and not planes_only:
         _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
         mark("checksum")
@@ -228,7 +230,9 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     return [v.tobytes() for v in views]
 
 
-def _verify(b, heads, out_ptrs, base_ptr, keep) -> None:
+def _verify(b, heads, out_ptrs, base_ptr, keep, report: bool = False):
+    """Check every output (and base) against its header; raise on the first mismatch,
+    or with ``report`` return one bool per blob (True: restored exactly)."""
     with_base = [i for i, p in enumerate(base_ptr) if p]
     ptrs = list(out_ptrs) + [base_ptr[i] for i in with_base]
     lens = [h.raw_len for h in heads] + [heads[i].raw_len for i in with_base]
@@ -236,6 +240,11 @@ def _verify(b, heads, out_ptrs, base_ptr, keep) -> None:
     got = np.empty(len(ptrs), dtype=np.uint64)
     b.download(d_hash, 0, got.view(np.uint8))
     b.synchronize()
+    if report:
+        ok = [int(got[i]) == h.checksum for i, h in enumerate(heads)]
+        for k, i in enumerate(with_base):
+            ok[i] = ok[i] and int(got[len(heads) + k]) == heads[i].base_checksum
+        return ok
     for k, i in enumerate(with_base):
         if int(got[len(heads) + k]) != heads[i].base_checksum:
             raise BaseMismatchError(

@@ -10,6 +10,8 @@ blobs stay on the device, or come back in one copy to pinned host memory.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from s4fs.errors import CodecError
@@ -24,6 +26,8 @@ from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging, container_hea
                       descriptors, entropy_bits, finish, gpu_layout, hash_buffers, launch_planes,
                       place, plan, resolve, sample_entropy)
 from ._profiles import DEFAULT, GpuProfile
+
+log = logging.getLogger("s4fs.codec.gpu")
 
 
 def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes",
@@ -197,17 +201,65 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     seg.launch(b, keep)
     mark("assemble")
 
+    dev_blobs = [b.view(out_dev, int(blob_off[i]), blob_len[i]) for i in range(len(jobs))]
+    redo: dict[int, bytes] = {}
+    if profile.verify:
+        # decode what was written, on the device, and check it against the checksums:
+        # a blob that does not restore exactly is never handed out (the CPU codes it)
+        ok = _self_check(b, dev_blobs, [it[2] for it in items])
+        for i in (i for i, good in enumerate(ok) if not good):
+            redo[i] = _cpu_blob(items[i][0], dts[i], items[i][2])
+        mark("self-check")
+        if redo:
+            log.warning("GPU codec: %d of %d blobs did not restore exactly and were coded on "
+                        "the CPU instead", len(redo), len(jobs))
     if out == "device":
         b.synchronize()
-        return [b.view(out_dev, int(blob_off[i]), blob_len[i]) for i in range(len(jobs))]
+        for i, blob in redo.items():
+            dev_blobs[i] = b.empty(len(blob))
+            b.upload(dev_blobs[i], 0, np.frombuffer(blob, dtype=np.uint8))
+        b.synchronize()
+        return dev_blobs
     host = b.pinned(size)
     b.download(out_dev, 0, host[:size])
     b.synchronize()
     mark("copy out")
     views = [host[int(blob_off[i]): int(blob_off[i]) + blob_len[i]] for i in range(len(jobs))]
     if out == "host":
-        return [memoryview(v) for v in views]
-    return [v.tobytes() for v in views]
+        return [memoryview(redo[i]) if i in redo else memoryview(v) for i, v in enumerate(views)]
+    return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
+
+
+def _self_check(b, blobs: list, bases: list) -> list[bool]:
+    """Which blobs decode (on this device) to bytes matching their checksum."""
+    from ._decode import decompress_many
+    try:
+        return decompress_many(blobs, bases, out="check", backend=b)
+    except CodecError:              # a chunk nvCOMP refused: find its blob
+        ok = []
+        for blob, base in zip(blobs, bases):
+            try:
+                ok += decompress_many([blob], [base], out="check", backend=b)
+            except CodecError:
+                ok.append(False)
+        return ok
+
+
+def _host_bytes(data) -> memoryview:
+    mod = type(data).__module__
+    if mod.startswith("cupy") or (hasattr(data, "__cuda_array_interface__")
+                                  and not mod.startswith("torch")):
+        import cupy
+        return memoryview(cupy.asnumpy(cupy.ascontiguousarray(cupy.asarray(data))).reshape(-1)
+                          .view(np.uint8))
+    from .._core import as_bytes
+    return as_bytes(data)
+
+
+def _cpu_blob(data, dt: DType, base) -> bytes:
+    from .._core import compress_cpu
+    return compress_cpu(_host_bytes(data), dt,
+                        base=None if base is None else _host_bytes(base))
 
 
 def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):

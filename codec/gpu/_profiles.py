@@ -25,6 +25,10 @@ class GpuProfile:
     ``max_entropy``: planes whose sampled order-0 entropy is at least this many bits
     per byte are stored raw without trying the codec (ANS cannot beat the entropy).
     ``ans_states``: nvCOMP ANS interleaved states per lane (0: nvCOMP's choice).
+    ``verify``: decode every blob on the device right after writing it and check it
+    against its checksum; a blob that does not restore exactly is coded on the CPU
+    instead (nvCOMP's ANS output is not byte-for-byte repeatable, and one benchmark run
+    saw a blob fail its checksum on decode, so the encoder does not trust it blindly).
 
     ``layout``: ``"float"`` writes the ``FLOAT`` plane layout (packed signs, exponent
     planes, mantissa planes); ``"sm"`` writes ``FLOAT_SM`` where the dtype allows it
@@ -40,8 +44,9 @@ class GpuProfile:
     deflate_algorithm: int = 0
     ans_states: int = 0
     chunk: int = 1 << 16
-    layout: str = "float"
+    layout: str = "sm"
     max_entropy: float = 7.75
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -65,10 +70,15 @@ class GpuProfile:
         return cls(**config)
 
 
+# FLOAT_SM planes where the dtype allows, ANS on every plane whose entropy leaves room
+# (bf16: the exponent plane only; the sign|mantissa byte is stored as it is)
 DEFAULT = GpuProfile()
+# the FLOAT layout (packed signs, exponent and mantissa planes), ANS on each
+FLOAT = GpuProfile(name="float", layout="float")
 # the design's split: ANS on exponents, GDeflate (entropy-only) on mantissas
-GDEFLATE_MANTISSA = GpuProfile(name="gdeflate-mantissa", mantissa="gdeflate")
+GDEFLATE_MANTISSA = GpuProfile(name="gdeflate-mantissa", layout="float", mantissa="gdeflate")
 # every plane decodes on any CPU (zlib)
-PORTABLE = GpuProfile(name="portable", exponent="deflate", mantissa="deflate", other="deflate")
+PORTABLE = GpuProfile(name="portable", layout="float", exponent="deflate", mantissa="deflate",
+                      other="deflate")
 
-PROFILES = {p.name: p for p in (DEFAULT, GDEFLATE_MANTISSA, PORTABLE)}
+PROFILES = {p.name: p for p in (DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE)}
