@@ -37,6 +37,9 @@ from s4fs.testing import adversarial as A
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
 MANIFEST = os.path.join(FIXTURES, "manifest.json")
+# nvcomp-deflate / nvcomp-gdeflate blobs written by the CPU twins (zlib, nvCOMP's CPU
+# library): the same bitstreams the GPU writes and reads (test_codec_twins_decode_each_other)
+TWINS = os.path.join(FIXTURES, "twins")
 gpu = pytest.mark.gpu
 
 
@@ -52,14 +55,32 @@ def _manifest() -> dict:
         return json.load(fh)
 
 
-def _fixture(name: str, entry: dict):
-    with open(os.path.join(FIXTURES, name + ".s4"), "rb") as fh:
+def _fixture(name: str, entry: dict, folder: str = FIXTURES):
+    with open(os.path.join(folder, name + ".s4"), "rb") as fh:
         blob = fh.read()
     base = None
     if entry.get("base"):
-        with open(os.path.join(FIXTURES, entry["base"]), "rb") as fh:
+        with open(os.path.join(folder, entry["base"]), "rb") as fh:
             base = fh.read()
     return blob, base
+
+
+def _twins() -> dict:
+    with open(os.path.join(TWINS, "manifest.json")) as fh:
+        return json.load(fh)
+
+
+def _synthetic_ans_blob() -> bytes:
+    """A well-formed blob whose exponent plane claims nvCOMP ANS (payload not decodable:
+    a CPU must refuse it before looking at the chunk)."""
+    from s4fs.codec.gpu import _payload
+    data = np.arange(1 << 12, dtype=np.uint16).tobytes()
+    dt = lookup("bfloat16")
+    planes = _planes.split(memoryview(data), dt, _planes.FLOAT)
+    coded = [(P.RAW, 1, len(bytes(p)), bytes(p)) for p in planes]
+    fake = _payload.pack_header((6, 0, 0), 0, 1 << 16, [5]) + b"\0" * 5
+    coded[1] = (P.NVCOMP_ANS, 1, coded[1][2], fake)
+    return C.pack(dt.code, 0, _planes.FLOAT, xxhash.xxh3_64_intdigest(data), None, len(data), coded)
 
 
 # --------------------------------------------------------------------------- anywhere
@@ -82,6 +103,36 @@ def test_device_cuda_without_gpu_fails_clearly():
     with pytest.raises(CodecUnavailableError):
         decompress(blob, device="cuda")
     assert decompress(blob, device="auto") == b"\1" * 4096
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present here")
+def test_ans_blob_on_a_cpu_only_machine_says_what_is_needed():
+    blob = _synthetic_ans_blob()
+    assert "nvcomp-ans" in {p["codec"] for p in inspect(blob).planes}
+    for device in ("auto", "cpu"):
+        with pytest.raises(CodecUnavailableError) as exc:
+            decompress(blob, device=device)
+        msg = str(exc.value)
+        assert "nvCOMP ANS" in msg and "GPU" in msg and "pip install" in msg
+
+
+def test_twin_fixtures_decode_on_the_cpu():
+    """Golden nvcomp-deflate blobs (and nvcomp-gdeflate where nvCOMP's CPU library is
+    installed) decode on any CPU; GDeflate without it says what to install."""
+    from s4fs.codec.gpu import _codecs
+    manifest = _twins()
+    assert manifest
+    for name, entry in manifest.items():
+        blob, base = _fixture(name, entry, TWINS)
+        info = inspect(blob)
+        assert info.dtype == entry["dtype"] and info.raw_len == entry["raw_len"], name
+        assert sorted({p["codec"] for p in info.planes}) == entry["codecs"], name
+        if "nvcomp-gdeflate" in entry["codecs"] and _codecs.cpu_gdeflate() is None:
+            with pytest.raises(CodecUnavailableError, match="GDeflate"):
+                decompress(blob, base=base, device="cpu")
+            continue
+        out = decompress(blob, base=base, device="cpu")
+        assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
 
 
 @pytest.mark.skipif(gpu_available(), reason="a GPU is present here")
@@ -436,6 +487,15 @@ def test_gpu_corruption_raises_typed_errors():
 
 
 @gpu
+def test_gpu_decodes_twin_fixtures():
+    from s4fs.codec import gpu as G
+    for name, entry in _twins().items():
+        blob, base = _fixture(name, entry, TWINS)
+        out = G.decompress_many([blob], [base])[0]
+        assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
+
+
+@gpu
 def test_gpu_golden_fixtures():
     from s4fs.codec import gpu as G
     manifest = _manifest()
@@ -495,4 +555,43 @@ def test_write_golden_fixtures():
             manifest[key] = entry
             assert decompress(blob, base=base, device="cuda") == data
     with open(os.path.join(target, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+
+
+@pytest.mark.skipif(not os.environ.get("S4FS_WRITE_TWIN_FIXTURES"),
+                    reason="writes the CPU-twin fixtures once (S4FS_WRITE_TWIN_FIXTURES=1)")
+def test_write_twin_fixtures():
+    from s4fs.codec.gpu import _codecs
+    if os.path.exists(os.path.join(TWINS, "manifest.json")):
+        pytest.skip("twin fixtures exist; they are never regenerated")
+    assert _codecs.cpu_gdeflate() is not None, "needs nvCOMP's CPU library (nvidia-libnvcomp)"
+    os.makedirs(TWINS, exist_ok=True)
+    manifest = {}
+    for twin in (_codecs.NvcompDeflate(), _codecs.NvcompGdeflate()):
+        for name, (dtn, data, base) in _golden_inputs().items():
+            dt = lookup(dtn)
+            layout = _planes.layout_for(dt)
+            src = data if base is None else bytes(np.frombuffer(data, np.uint8) ^
+                                                  np.frombuffer(base, np.uint8))
+            coded = []
+            for p in _planes.split(memoryview(src), dt, layout):
+                raw = bytes(p)
+                enc = twin.encode(raw) if len(raw) >= 64 else None
+                coded.append((twin.codec_id, 1, len(raw), enc) if enc else (P.RAW, 1, len(raw), raw))
+            blob = C.pack(dt.code, C.FLAG_DELTA if base is not None else 0, layout,
+                          xxhash.xxh3_64_intdigest(data),
+                          None if base is None else xxhash.xxh3_64_intdigest(base), len(data), coded)
+            key = f"{name}.{twin.name}"
+            with open(os.path.join(TWINS, key + ".s4"), "wb") as fh:
+                fh.write(blob)
+            entry = {"dtype": dtn, "raw_len": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                     "codecs": sorted({p["codec"] for p in inspect(blob).planes}),
+                     "writer": twin.name + " CPU twin", "base": None}
+            if base is not None:
+                entry["base"] = name + ".base"
+                with open(os.path.join(TWINS, name + ".base"), "wb") as fh:
+                    fh.write(base)
+            manifest[key] = entry
+            assert decompress(blob, base=base, device="cpu") == data
+    with open(os.path.join(TWINS, "manifest.json"), "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
