@@ -197,6 +197,10 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
         g.add(src, b.ptr(cin) + coff, csize)
         g.launch(b, keep)
         b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch, dst.tolist(), rsize.tolist())
+    if batches:
+        # nvCOMP queues its work on our stream; waiting here also keeps its batch
+        # descriptors (freed when the call's Python objects go) from outliving the kernels
+        b.synchronize()
 
     mark("nvcomp")
 
