@@ -248,8 +248,15 @@ def _measure(gpu, set_name, prof, items, chunks, raw, args):
 
 
 def run(args=None) -> None:
-    """Print the GPU tables (``args``: an argparse Namespace, an argv list or None)."""
-    if not isinstance(args, argparse.Namespace):
+    """Print the GPU tables. ``args``: an argv list, None, or another bench's Namespace
+    (bench/codec.py passes its own: fields this bench knows are taken, the rest default)."""
+    if isinstance(args, argparse.Namespace):
+        ours = _args([])
+        for k, v in vars(args).items():
+            if hasattr(ours, k):
+                setattr(ours, k, v)
+        args = ours
+    else:
         args = _args(args)
     import cupy
     import torch
