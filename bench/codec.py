@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median_seconds, pct, rate, table  # noqa: E402
+from _common import machine, pct, rate, table  # noqa: E402
 
 CHUNK = 4 << 20
 FIELDS = {"bfloat16": (16, 8, 7), "float16": (16, 5, 10), "float32": (32, 8, 23)}
@@ -187,18 +187,36 @@ def methods(threads: int):
 # --- main --------------------------------------------------------------------------------
 
 def measure(sets, repeat: int, threads: int):
+    """Per data set, every method's compress (then decompress) is timed once per round,
+    round after round, so a burst of load on the shared machine hits all of them alike;
+    each cell is the median over the rounds, after one warm-up round."""
+    import statistics
     rows = []
+    meths = methods(threads)
     for name, dtype, data in sets:
         n = len(data)
-        for label, (comp, decomp, size) in methods(threads):
-            tc, blob = median_seconds(lambda: comp(data, dtype), repeat)
-            td, back = median_seconds(lambda: decomp(blob, dtype), repeat)
-            if back != data:
-                raise SystemExit(f"{label} did not round-trip {name}")
-            rows.append([name, label, pct(size(blob), n), rate(n, tc), rate(n, td)])
-            print(f"# {name}: {label} done", file=sys.stderr)
+        blobs, tc, td = {}, {m: [] for m, _ in meths}, {m: [] for m, _ in meths}
+        for rnd in range(repeat + 1):
+            for label, (comp, _decomp, _size) in meths:
+                t0 = time.perf_counter()
+                blobs[label] = comp(data, dtype)
+                if rnd:
+                    tc[label].append(time.perf_counter() - t0)
+            for label, (_comp, decomp, _size) in meths:
+                t0 = time.perf_counter()
+                back = decomp(blobs[label], dtype)
+                if rnd:
+                    td[label].append(time.perf_counter() - t0)
+                if back != data:
+                    raise SystemExit(f"{label} did not round-trip {name}")
+                del back
+        for label, (_comp, _decomp, size) in meths:
+            rows.append([name, label, pct(size(blobs[label]), n),
+                         rate(n, statistics.median(tc[label])),
+                         rate(n, statistics.median(td[label]))])
         rows.append([name, "order-0 entropy bound", pct(entropy_bound(data, dtype), n),
                      "", ""])
+        print(f"# {name} done", file=sys.stderr)
     return rows
 
 
@@ -229,7 +247,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     sets = datasets(args.steps, args.cache)
     rows = measure(sets, args.repeat, args.threads)
-    print(f"codec benchmark: {machine()}; medians of {args.repeat} runs; "
+    print(f"codec benchmark: {machine()}; medians of {args.repeat} interleaved runs; "
           f"MB/s = 10^6 raw bytes per second")
     print(table(["data", "codec", "stored %", "compress MB/s", "decompress MB/s"], rows,
                 align="llrrr"))
