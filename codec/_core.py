@@ -98,10 +98,11 @@ def _entropy_code(arr: np.ndarray, runs: bool, profile: CpuProfile,
                   ) -> tuple[int, int, bytes | None]:
     """Order-0 coding (plus zero runs when ``runs``) of one plane: a literal-only zstd
     frame when python-zstandard's sequence API is there, else deflate."""
+    enc = None
     if profile.entropy == "auto" and _zstd_seq.available():
         enc = _zstd_seq.encode(arr, runs=runs)
         cid, major = P.ZSTD, P.Zstd.major
-    else:
+    if enc is None:
         enc = P.Deflate("rle" if runs else "huffman").encode(arr)
         cid, major = P.DEFLATE, P.Deflate.major
     return cid, major, enc if enc is not None and len(enc) < arr.size else None

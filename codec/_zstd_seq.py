@@ -45,17 +45,18 @@ def available() -> bool:
     return True
 
 
-def _cctx(strategy: int):
+def _cctx():
     ctx = getattr(_local, "cctx", None)
-    if ctx is not None and _local.strategy == strategy:
+    if ctx is not None:
         return ctx
     ffi, lib = _api()
     ctx = ffi.gc(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
-    for param, value in ((lib.ZSTD_c_compressionLevel, 1), (lib.ZSTD_c_strategy, strategy),
-                         (lib.ZSTD_c_checksumFlag, 0), (lib.ZSTD_c_contentSizeFlag, 0),
-                         (lib.ZSTD_c_dictIDFlag, 0), (lib.ZSTD_c_blockDelimiters, 1)):
+    for param, value in ((lib.ZSTD_c_compressionLevel, 1), (lib.ZSTD_c_checksumFlag, 0),
+                         (lib.ZSTD_c_contentSizeFlag, 0), (lib.ZSTD_c_dictIDFlag, 0),
+                         (lib.ZSTD_c_blockDelimiters, 1),      # explicit delimiters
+                         (lib.ZSTD_c_validateSequences, 1)):   # refuse a bad parse
         _check(lib, ffi, lib.ZSTD_CCtx_setParameter(ctx, param, value))
-    _local.cctx, _local.strategy = ctx, strategy
+    _local.cctx = ctx
     return ctx
 
 
@@ -93,14 +94,11 @@ def _sequences(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         pieces_e.append(cut)
         more = ends > edge
         starts, ends = edge[more], ends[more]
-    if pieces_s:
-        rs, re_ = np.concatenate(pieces_s), np.concatenate(pieces_e)
-        keep = re_ - rs >= 4                 # one literal zero + a match of at least 3
-        rs, re_ = rs[keep], re_[keep]
-        order = np.argsort(rs, kind="stable")
-        rs, re_ = rs[order], re_[order]
-    else:
-        rs = re_ = np.empty(0, dtype=np.int64)
+    rs, re_ = np.concatenate(pieces_s), np.concatenate(pieces_e)
+    keep = re_ - rs >= 4                     # one literal zero + a match of at least 3
+    rs, re_ = rs[keep], re_[keep]
+    order = np.argsort(rs, kind="stable")
+    rs, re_ = rs[order], re_[order]
     blk = rs // BLOCK
     blk_start = np.arange(nblocks, dtype=np.int64) * BLOCK
     blk_end = np.minimum(blk_start + BLOCK, n)
@@ -129,9 +127,10 @@ def _sequences(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return seq
 
 
-def encode(arr: np.ndarray, *, runs: bool = False, strategy: int = 1) -> bytes:
+def encode(arr: np.ndarray, *, runs: bool = False) -> bytes | None:
     """A zstd frame of ``arr`` (uint8, contiguous) with Huffman-coded literals and, when
-    ``runs``, offset-1 matches over zero runs of at least ``MIN_RUN`` bytes."""
+    ``runs``, offset-1 matches over zero runs of at least ``MIN_RUN`` bytes; None when
+    zstd refuses the parse (never expected: the caller then codes the plane otherwise)."""
     ffi, lib = _api()
     n = arr.size
     if runs:
@@ -140,10 +139,11 @@ def encode(arr: np.ndarray, *, runs: bool = False, strategy: int = 1) -> bytes:
         starts = ends = np.empty(0, dtype=np.int64)
     seq = _sequences(n, starts, ends)
     cap = lib.ZSTD_compressBound(n)
-    dst = bytearray(cap)
-    r = _check(lib, ffi, lib.ZSTD_compressSequences(
-        _cctx(strategy), ffi.from_buffer(dst), cap,
+    dst = np.empty(cap, dtype=np.uint8)
+    r = lib.ZSTD_compressSequences(
+        _cctx(), ffi.from_buffer(dst), cap,
         ffi.cast("ZSTD_Sequence *", ffi.from_buffer(seq)), seq.size,
-        ffi.from_buffer(arr), n))
-    del dst[r:]
-    return bytes(dst)
+        ffi.from_buffer(arr), n)
+    if lib.ZSTD_isError(r):
+        return None
+    return dst[:r].tobytes()

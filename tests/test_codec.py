@@ -441,3 +441,43 @@ def test_struct_layout_of_the_fixed_header_is_stable():
                                                 "float8_e4m3fn", "int64", "bool")}
     assert codes == {"bytes": 0, "float32": 1, "bfloat16": 4, "float16": 3,
                      "float8_e4m3fn": 5, "int64": 27, "bool": 20}
+
+
+@pytest.mark.skipif(not _zstd_seq.available(), reason="python-zstandard's cffi backend is missing")
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 300_000), seed=st.integers(0, 2**32 - 1),
+       runs=st.lists(st.tuples(st.integers(0, 299_999), st.integers(1, 200_000)), max_size=12))
+def test_hand_built_zstd_frames_decode_exactly(n, seed, runs):
+    """Literal-only and zero-run frames: runs at the edges, across 64 KiB block edges,
+    shorter than MIN_RUN, covering everything."""
+    import zstandard
+    arr = np.random.default_rng(seed).integers(0, 5, n).astype(np.uint8)
+    for start, length in runs:
+        arr[start: start + length] = 0
+    for with_runs in (False, True):
+        frame = _zstd_seq.encode(arr, runs=with_runs)
+        assert zstandard.ZstdDecompressor().decompress(frame, max_output_size=n) == arr.tobytes()
+
+
+def test_minilm_tokenizer_model_and_finetune_are_real_and_deterministic():
+    from s4fs.testing import minilm
+    tok = minilm.WordPiece()
+    assert tok.encode("Hello, world! Unaffable.") == [7592, 1010, 2088, 999, 14477, 20961, 3468, 1012]
+    model = minilm.load_model().eval()
+    with torch.no_grad():
+        emb = model(minilm._batch([[tok.cls, *tok.encode(s), tok.sep] for s in
+                                   ("a man is eating food", "a man eats a meal",
+                                    "the market fell today")]))
+    assert float(emb[0] @ emb[1]) > float(emb[0] @ emb[2]) + 0.3
+    runs = [list(minilm.finetune(2, seed=3, freeze=("encoder.layer.0.",)))[-1] for _ in range(2)]
+    (step, ms, opt), (_, ms2, opt2) = runs
+    assert step == 2 and all(torch.equal(ms[k], ms2[k]) for k in ms)
+    w0 = minilm.load_weights()
+    assert all(torch.equal(w0[k], ms[k]) for k in w0 if k.startswith("encoder.layer.0."))
+    assert not torch.equal(w0["encoder.layer.1.output.dense.weight"],
+                           ms["encoder.layer.1.output.dense.weight"])
+    adam = minilm.adam_state(opt)
+    ea = torch.cat([t.reshape(-1) for t in adam["exp_avg"].values()])
+    assert 0.3 < float((ea == 0).float().mean()) < 0.7      # untouched embedding rows
+    blob = roundtrip(ea, "float32")
+    assert len(blob) < 0.55 * ea.numel() * 4
