@@ -14,7 +14,8 @@ Layouts (the number is written into the blob):
   7 mantissa bits as one byte, then the remaining mantissa bytes (most significant
   first). Same information as ``FLOAT`` in whole bytes: the exponent plane gets the
   entropy coder and the rest is stored as it is unless it measurably compresses, which
-  is what makes the CPU path fast. Split and merge are uint8 column operations.
+  is what makes the CPU path fast. Split and merge are whole-word (bf16) or uint8
+  column operations.
 * ``SIGN_BYTES`` — for fp16 (and complex32): sign bits packed 8 to a byte (little bit
   order), then the words without their sign bit as byte planes, most significant first
   (exponent + top mantissa bits, then the low mantissa byte). Huffman codes the 7-bit
