@@ -269,7 +269,8 @@ def test_exponent_plane_reaches_its_order0_entropy():
     (zstd's own matching loses 5-10 % there)."""
     if not _zstd_seq.available():
         pytest.skip("python-zstandard's sequence API (cffi backend) is not available")
-    w = torch.from_numpy(np.random.default_rng(4).standard_normal(1 << 20).astype(np.float32) * 0.02)
+    normal = np.random.default_rng(4).standard_normal(1 << 20).astype(np.float32)
+    w = torch.from_numpy(normal * 0.02)
     e = (w.bfloat16().view(torch.int16).numpy().view(np.uint16) >> 7).astype(np.uint8)
     counts = np.bincount(e, minlength=256)
     p = counts[counts > 0] / e.size
@@ -462,7 +463,8 @@ def test_hand_built_zstd_frames_decode_exactly(n, seed, runs):
 def test_minilm_tokenizer_model_and_finetune_are_real_and_deterministic():
     from s4fs.testing import minilm
     tok = minilm.WordPiece()
-    assert tok.encode("Hello, world! Unaffable.") == [7592, 1010, 2088, 999, 14477, 20961, 3468, 1012]
+    assert tok.encode("Hello, world! Unaffable.") == \
+        [7592, 1010, 2088, 999, 14477, 20961, 3468, 1012]
     model = minilm.load_model().eval()
     with torch.no_grad():
         emb = model(minilm._batch([[tok.cls, *tok.encode(s), tok.sep] for s in
