@@ -50,7 +50,8 @@ def _notify(msg: str) -> None:
 
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                      ready_fd: int | None = None, extra_options=(), workers: int = 16,
-                     uid: int | None = None, gid: int | None = None) -> None:
+                     uid: int | None = None, gid: int | None = None,
+                     source: str | None = None) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount."""
     import pyfuse3
     import trio
@@ -63,7 +64,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
-    opts.add("fsname=" + fs.store.url.replace(",", "%2C"))
+    opts.add("fsname=" + (source or fs.store.url).replace(",", "%2C"))
     opts.add("subtype=s4fs")
     if allow_other:
         opts.add("allow_other")

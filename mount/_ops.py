@@ -252,8 +252,10 @@ class S4Operations(pyfuse3.Operations):
             if mid is not None:
                 self._seen_ids[path] = mid
             return info
+        # create=True: the kernel may still hold an entry for a file whose first save
+        # failed (never committed); opening it for writing starts it afresh
         handle = await self._run(self.fs.open_write, path,
-                                 truncate=bool(flags & os.O_TRUNC), create=False)
+                                 truncate=bool(flags & os.O_TRUNC), create=True)
         self._seen_ids.pop(path, None)
         return pyfuse3.FileInfo(fh=self._new_fh(handle))
 

@@ -72,7 +72,7 @@ def _through_mount(full: str):
         parts = line.split()
         if len(parts) < 3 or parts[2] != "fuse.s4fs":
             continue
-        source = parts[0].replace("\\040", " ")
+        source = parts[0].replace("\\040", " ").replace("%2C", ",")
         point = parts[1].replace("\\040", " ")
         if full == point or full.startswith(point.rstrip("/") + "/"):
             if best is None or len(point) > len(best[1]):

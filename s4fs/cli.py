@@ -70,8 +70,16 @@ def cmd_mount(args) -> int:
         from s4fs.gc import BackgroundCollector
         BackgroundCollector(fs.store, interval=args.gc_interval).start()
     mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd,
-                     uid=args.uid, gid=args.gid)
+                     uid=args.uid, gid=args.gid, source=_source_url(args.store))
     return 0
+
+
+def _source_url(store: str) -> str:
+    """The store as the mount table shows it: the URL given (with its options), or an
+    absolute path for a local store."""
+    if "://" in store:
+        return store
+    return os.path.abspath(store)
 
 
 def cmd_umount(args) -> int:

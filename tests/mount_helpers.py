@@ -33,7 +33,9 @@ class Mount:
     extra: tuple = ()
 
     def daemon_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-f", f"s4fs.cli mount {self.store} {self.path}"],
+        import re
+        pattern = re.escape(f"s4fs.cli mount {self.store} {self.path}")
+        out = subprocess.run(["pgrep", "-f", pattern],
                              capture_output=True, text=True).stdout.split()
         return [int(p) for p in out]
 
@@ -98,6 +100,92 @@ def mount_factory(tmp_path):
             m.stop()
 
 
-@pytest.fixture
-def mounted(mount_factory) -> Mount:
+@pytest.fixture(scope="session")
+def s3_server_process():
+    """moto's S3 server in a process of its own, on a free loopback port.
+
+    Mount tests cannot use the in-process server: a test blocked in a FUSE system call
+    (torch.save's C++ writer holds the GIL) would starve the server thread that the
+    mount daemon is waiting for.
+    """
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    code = ("from moto.server import ThreadedMotoServer\n"
+            "import sys, time\n"
+            "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False)\n"
+            "s.start()\n"
+            "print(s.get_host_and_port()[1], flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def s3_url(request, prefix: str = "mnt") -> str:
+    """An s3:// store URL on a loopback S3 server process (moto, server mode), in a
+    fresh bucket; credentials are the dummy ones the S3 fixtures set."""
+    import uuid
+    request.getfixturevalue("s3_endpoint")          # sets dummy AWS credentials
+    endpoint = request.getfixturevalue("s3_server_process")
+    import boto3
+    bucket = f"s4fs-mnt-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+        Bucket=bucket)
+    return f"s3://{bucket}/{prefix}?endpoint_url={endpoint}"
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def mounted(request, mount_factory) -> Mount:
+    """A mount on a LocalStore, and again on an S3Store (loopback S3 server)."""
+    if request.param == "s3":
+        return mount_factory(store=s3_url(request))
     return mount_factory()
+
+
+class FaultProxyProcess:
+    """tests/s3_server.py's S3FaultProxy in a process of its own (see s3_server_process
+    for why), driven over stdin: inject(action, times, method) / clear()."""
+
+    _CODE = (
+        "import sys, json\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from s3_server import S3FaultProxy\n"
+        "p = S3FaultProxy(sys.argv[1])\n"
+        "print(p.url, flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    cmd = json.loads(line)\n"
+        "    if cmd['op'] == 'clear':\n"
+        "        p.clear()\n"
+        "    else:\n"
+        "        m = cmd.get('method')\n"
+        "        p.inject(cmd['action'], cmd.get('times'),\n"
+        "                 (lambda meth, path, m=m: meth == m) if m else None)\n"
+        "    print('ok', flush=True)\n"
+        "p.close()\n")
+
+    def __init__(self, upstream: str) -> None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        self._p = subprocess.Popen([sys.executable, "-c", self._CODE, upstream, here],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self._p.stdout.readline().strip()
+
+    def _send(self, cmd: dict) -> None:
+        import json
+        self._p.stdin.write(json.dumps(cmd) + "\n")
+        self._p.stdin.flush()
+        assert self._p.stdout.readline().strip() == "ok"
+
+    def inject(self, action: str, times: int | None = None, method: str | None = None):
+        self._send({"op": "inject", "action": action, "times": times, "method": method})
+
+    def clear(self) -> None:
+        self._send({"op": "clear"})
+
+    def close(self) -> None:
+        self._p.stdin.close()
+        self._p.wait(10)
