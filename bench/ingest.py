@@ -1,0 +1,144 @@
+"""Ingest benchmark: s4fs.save / s4fs.load vs torch.save / torch.load on local disk.
+
+    python bench/ingest.py [--gib 1.0] [--repeat 3]
+
+A ~1 GiB mixed bf16/fp32 state dict (real MiniLM weights tiled). Prints one table:
+stored %, save and load MB/s for both, and the peak RSS the s4fs pipeline adds over the
+state dict itself, for two file sizes (memory must not grow with file size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """Samples this process's RSS in a thread; ``peak - start`` is what the work added."""
+
+    def __enter__(self):
+        self.start = rss()
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, rss())
+
+    @property
+    def added(self) -> int:
+        return self.peak - self.start
+
+
+def one_size(gib: float, repeat: int, workdir: str) -> dict:
+    import torch
+
+    import s4fs
+    from _data import mixed_state_dict, nbytes
+    sd = mixed_state_dict(int(gib * (1 << 30)))
+    store = os.path.join(workdir, f"store-{gib}")
+    os.makedirs(store, exist_ok=True)
+    disk = os.path.join(workdir, "disk.pt")
+    res: dict = {"tensor_bytes": nbytes(sd)}
+    s_save, s_load, d_save, d_load, added_save, added_load = [], [], [], [], [], []
+    for i in range(repeat):
+        path = os.path.join(store, f"ckpt_{i}.pt")
+        gc.collect()
+        with PeakRSS() as p:
+            t0 = time.perf_counter()
+            s4fs.save(sd, path)
+            s_save.append(time.perf_counter() - t0)
+        added_save.append(p.added)
+        t0 = time.perf_counter()
+        torch.save(sd, disk)
+        os.sync()
+        d_save.append(time.perf_counter() - t0)
+        gc.collect()
+        with PeakRSS() as p:
+            t0 = time.perf_counter()
+            back = s4fs.load(path)
+            s_load.append(time.perf_counter() - t0)
+        added_load.append(p.added)
+        del back
+        t0 = time.perf_counter()
+        back = torch.load(disk)
+        d_load.append(time.perf_counter() - t0)
+        del back
+        fs, rel = s4fs.resolve(path)
+        m = fs.manifest(rel)
+        res["logical"], res["stored"] = m.size, m.stored_bytes()
+        fs.unlink(rel)        # each repeat writes afresh (no delta against the last one)
+    med = statistics.median
+    res.update(s_save=med(s_save), s_load=med(s_load), d_save=med(d_save),
+               d_load=med(d_load), rss_save=max(added_save), rss_load=max(added_load))
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--small-gib", type=float, default=0.25)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        work = tempfile.mkdtemp(prefix="s4fs-bench-")
+        try:
+            import json
+            print(json.dumps(one_size(args.gib, args.repeat, work)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    from _common import machine, table
+    rows = []
+    for gib in (args.small_gib, args.gib):      # each size in a fresh process
+        out = subprocess.run([sys.executable, __file__, "--child", "--gib", str(gib),
+                              "--repeat", str(args.repeat)], capture_output=True, text=True)
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        import json
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        mb = r["logical"] / 1e6
+        rows.append([f"{r['logical'] / 2**30:.2f} GiB", f"{100 * r['stored'] / r['logical']:.1f}",
+                     f"{mb / r['s_save']:.0f}", f"{mb / r['d_save']:.0f}",
+                     f"{r['s_save'] / r['d_save']:.2f}x",
+                     f"{mb / r['s_load']:.0f}", f"{mb / r['d_load']:.0f}",
+                     f"{r['s_load'] / r['d_load']:.2f}x",
+                     f"{r['rss_save'] / 2**20:.0f}", f"{r['rss_load'] / 2**20:.0f}"])
+    print(f"# bench/ingest.py — {machine()}; median of {args.repeat}")
+    print("# mixed bf16/fp32 state dict (real all-MiniLM-L6-v2 weights tiled); "
+          "disk = torch.save/torch.load to a local file (+ os.sync on save)")
+    print(table(["file", "stored %", "s4fs.save MB/s", "torch.save MB/s", "save ratio",
+                 "s4fs.load MB/s", "torch.load MB/s", "load ratio",
+                 "save +RSS MiB", "load +RSS MiB"], rows))
+    print("(+RSS: peak resident memory the call added over the state dict already in memory;"
+          " s4fs.load's includes the loaded tensors themselves)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
