@@ -134,9 +134,7 @@ class _ReadStream(io.RawIOBase):
         return True
 
     def readinto(self, b) -> int:
-        data = self._h.read(self._pos, len(b))
-        n = len(data)
-        b[:n] = data
+        n = self._h.readinto(self._pos, b)
         self._pos += n
         return n
 

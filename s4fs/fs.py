@@ -457,6 +457,14 @@ class ReadHandle:
         self.nbytes += len(data)
         return data
 
+    def readinto(self, offset: int, dest) -> int:
+        if self._reader is not None:
+            n = self._reader.readinto(offset, memoryview(dest).cast("B"))
+        else:
+            n = os.preadv(self._fd, [dest], offset)
+        self.nbytes += n
+        return n
+
     def release(self) -> None:
         if self.nbytes:
             metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)

@@ -32,6 +32,7 @@ class ChunkSource:
         self._lock = threading.Lock()
         self._inflight: dict[tuple, Future] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-read")
+        self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
 
     def get(self, ref: ChunkRef) -> bytes:
         """The verified raw bytes of ``ref``."""
@@ -134,39 +135,49 @@ class FileReader:
         return self.m.size
 
     def read(self, offset: int, size: int) -> bytes:
-        m = self.m
-        end = min(offset + size, m.size)
+        end = min(offset + size, self.m.size)
         if offset >= end:
             return b""
+        buf = bytearray(end - offset)
+        self.readinto(offset, memoryview(buf))
+        return bytes(buf) if len(buf) < 65536 else buf
+
+    def readinto(self, offset: int, dest: memoryview) -> int:
+        """Copy file bytes at ``offset`` into ``dest``; returns the count (short at EOF)."""
+        m = self.m
+        end = min(offset + len(dest), m.size)
+        if offset >= end:
+            return 0
         sequential = offset == self._last_end
-        out = []
+        if end - offset > self.source.chunk_hint:
+            # a large read (torch.load reads a whole storage at once): decode its chunks
+            # in parallel on the pool; the loop below then picks them up in order
+            self.source.prefetch(self.refs_for(offset, end - offset)[1:])
         pos = offset
         i = m.locate(pos)
         while pos < end:
             foff, flen, sidx, soff = m.extents[i]
             take = min(end, foff + flen) - pos
-            out.append(self._stream_read(sidx, soff + pos - foff, take))
+            self._stream_into(sidx, soff + pos - foff, dest[pos - offset: pos - offset + take])
             pos += take
             i += 1
         self._last_end = end
         if sequential and self.readahead and end < m.size:
             self.source.prefetch(self.refs_for(end, self.readahead))
-        return out[0] if len(out) == 1 else b"".join(out)
+        return end - offset
 
-    def _stream_read(self, sidx: int, soff: int, n: int) -> bytes:
+    def _stream_into(self, sidx: int, soff: int, dest: memoryview) -> None:
         stream = self.m.streams[sidx]
         starts = stream.starts()
         k = stream.locate(soff)
-        parts = []
-        while n > 0:
+        done, n = 0, len(dest)
+        while done < n:
             data = self.source.get(stream.chunks[k])
-            lo = soff - starts[k]
-            piece = data[lo: lo + n]
-            parts.append(piece)
-            n -= len(piece)
-            soff += len(piece)
+            lo = soff + done - starts[k]
+            take = min(n - done, len(data) - lo)
+            dest[done: done + take] = memoryview(data)[lo: lo + take]
+            done += take
             k += 1
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def refs_for(self, offset: int, length: int) -> list[ChunkRef]:
         """Chunk refs covering [offset, offset+length), in file order, without repeats."""
