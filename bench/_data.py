@@ -8,8 +8,14 @@ import torch
 def mixed_state_dict(target_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
     """A state dict of about ``target_bytes``: the real MiniLM weights tiled, every other
     copy in bf16 (so about half the bytes are fp32, half bf16)."""
-    from s4fs.testing.minilm import load_weights
-    base = {k: v for k, v in load_weights().items() if v.is_floating_point()}
+    import os
+    if os.environ.get("S4FS_BENCH_WEIGHTS"):       # e.g. a subset carried to a GPU box
+        from safetensors.torch import load_file
+        weights = load_file(os.environ["S4FS_BENCH_WEIGHTS"])
+    else:
+        from s4fs.testing.minilm import load_weights
+        weights = load_weights()
+    base = {k: v for k, v in weights.items() if v.is_floating_point()}
     out: dict[str, torch.Tensor] = {}
     total = 0
     copy = 0
