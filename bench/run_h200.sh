@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The H200 measurements in docs/BENCHMARKS.md, in one go: GPU tests, golden GPU fixtures
+# (written once), `s4fs selftest --device cuda`, the GPU codec bench, and the mount bench
+# with the GPU codec. The GPU box has no network: run from the repo root with the offline
+# kit (`bash ../shared/tools/make-offline-kit.sh`) and the weights subset in .gpubench/.
+set -u
+R=$(pwd)
+OUT=${OUT:-/tmp/s4fs-h200}
+mkdir -p "$OUT"
+LOG=$OUT/h200.log
+export PYTHONUNBUFFERED=1
+run() {   # run SECONDS CMD...: one step, its output and exit status into the log
+    local t=$1; shift
+    echo "=== \$ $*" >>"$LOG"
+    local t0=$SECONDS
+    timeout "$t" "$@" >>"$LOG" 2>&1
+    echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
+}
+source .offline-kit/setup.sh >>"$LOG" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
+export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
+cd /tmp                                    # keep the source tree off sys.path
+nvidia-smi -L >>"$LOG" 2>&1
+run 60 python3 -c "import s4fs.codec as c; print('gpu_available', c.gpu_available())"
+run 200 python3 -m pytest "$R/tests/test_gpu.py" -q -rs -p no:cacheprovider --rootdir "$R"
+S4FS_WRITE_GPU_FIXTURES=1 S4FS_GPU_FIXTURE_DIR=$OUT/gpufix \
+    run 60 python3 -m pytest "$R/tests/test_gpu.py" -q -p no:cacheprovider --rootdir "$R" -k write_golden
+run 150 python3 -m s4fs.cli selftest --device cuda
+run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
+S4FS_BENCH_WEIGHTS=$R/.gpubench/minilm-subset.safetensors \
+    run 240 python3 "$R/bench/mount.py" --gib 1 --repeat 3
+[ -d "$OUT/gpufix" ] && tar cf "$OUT/gpufix.tar" -C "$OUT" gpufix && rm -rf "$OUT/gpufix"
+tail -5 "$LOG"
