@@ -22,6 +22,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+DEVICE = "auto"
+
+
 def daemon_hwm(mountpoint: str) -> int:
     out = subprocess.run(["pgrep", "-f", f"s4fs.cli mount .* {mountpoint}"],
                          capture_output=True, text=True).stdout.split()
@@ -43,8 +46,9 @@ def run(sd, store: str, work: str, repeat: int, tag: str) -> dict:
     local = os.path.join(work, f"local-{tag}")
     os.makedirs(mnt)
     os.makedirs(local)
+    cache = os.path.join(work, f"cache-{tag}")
     subprocess.run([sys.executable, "-m", "s4fs.cli", "mount", store, mnt, "--cache-dir",
-                    os.path.join(work, f"cache-{tag}")], check=True)
+                    cache, "--device", DEVICE], check=True)
     try:
         ms, ls_, ml, ll = [], [], [], []
         stored = logical = 0
@@ -74,6 +78,13 @@ def run(sd, store: str, work: str, repeat: int, tag: str) -> dict:
                 os.remove(os.path.join(mnt, name))   # no delta chain: every save is full
             os.remove(os.path.join(local, name))
         hwm = daemon_hwm(mnt)
+    except BaseException:
+        try:
+            with open(os.path.join(cache, "s4fs-mount.log")) as f:
+                print("daemon log:\n" + f.read()[-6000:], file=sys.stderr)
+        except OSError:
+            pass
+        raise
     finally:
         subprocess.run([sys.executable, "-m", "s4fs.cli", "umount", mnt], check=False)
     med = statistics.median
@@ -87,7 +98,10 @@ def main(argv=None) -> int:
     ap.add_argument("--small-gib", type=float, default=0.25)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     from _common import machine, table
     from _data import mixed_state_dict
     work = tempfile.mkdtemp(prefix="s4fs-bench-mount-")
@@ -105,7 +119,8 @@ def main(argv=None) -> int:
             del sd
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"# bench/mount.py — {machine()}; median of {args.repeat} (small file: 2)")
+    print(f"# bench/mount.py — {machine()}; codec device {args.device}; median of "
+          f"{args.repeat} (small file: 2)")
     print("# torch.save/torch.load unchanged; local = same calls on a local ext4 file "
           "(+ os.sync after save)")
     print(table(["file", "stored %", "save s (mount)", "save s (local)", "save ratio",

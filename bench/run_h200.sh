@@ -22,12 +22,16 @@ export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
 cd /tmp                                    # keep the source tree off sys.path
 nvidia-smi -L >>"$LOG" 2>&1
 run 60 python3 -c "import s4fs.codec as c; print('gpu_available', c.gpu_available())"
+W=$R/.gpubench/minilm-subset.safetensors
+if [ "${1:-all}" = all ]; then
 run 200 python3 -m pytest "$R/tests/test_gpu.py" -q -rs -p no:cacheprovider --rootdir "$R"
 S4FS_WRITE_GPU_FIXTURES=1 S4FS_GPU_FIXTURE_DIR=$OUT/gpufix \
     run 60 python3 -m pytest "$R/tests/test_gpu.py" -q -p no:cacheprovider --rootdir "$R" -k write_golden
 run 150 python3 -m s4fs.cli selftest --device cuda
 run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
-S4FS_BENCH_WEIGHTS=$R/.gpubench/minilm-subset.safetensors \
-    run 240 python3 "$R/bench/mount.py" --gib 1 --repeat 3
+fi
+S4FS_BENCH_WEIGHTS=$W run 200 python3 "$R/bench/ingest.py" --gib 1 --repeat 3
+S4FS_BENCH_WEIGHTS=$W run 240 python3 "$R/bench/mount.py" --gib 1 --repeat 3 --device cuda
+S4FS_BENCH_WEIGHTS=$W run 240 python3 "$R/bench/mount.py" --gib 1 --repeat 3 --device cpu
 [ -d "$OUT/gpufix" ] && tar cf "$OUT/gpufix.tar" -C "$OUT" gpufix && rm -rf "$OUT/gpufix"
 tail -5 "$LOG"

@@ -6,6 +6,7 @@ container and is chosen at run time by ``device``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,8 @@ from . import _container as C
 from . import _plane_codecs as P
 from . import _planes, _zstd_seq
 from ._dtypes import BY_CODE, DType, from_code, lookup
+
+_GPU_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     dt = lookup(dtype)
     if _use_gpu(device, data):
         from . import gpu
-        return gpu.compress(data, dt, base=base, profile=profile)
+        with _GPU_LOCK:       # one chunk at a time per process: callers may be threads
+            return gpu.compress(data, dt, base=base, profile=profile)
     raw = as_bytes(data)
     return compress_cpu(raw, dt, base=base, profile=profile or DEFAULT_CPU)
 
@@ -260,7 +264,8 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
             f"{dt.name} layout-{head.layout} chunk of {head.raw_len} bytes")
     if _wants_gpu_decode(device, head):
         from . import gpu
-        out = gpu.decompress_planes(blob, head, dt)
+        with _GPU_LOCK:
+            out = gpu.decompress_planes(blob, head, dt)
     else:
         out = _decode_cpu(blob, head, dt)
     if base_view is not None:
