@@ -20,6 +20,21 @@ from . import _planes, _zstd_seq
 from ._dtypes import BY_CODE, DType, from_code, lookup
 
 _GPU_LOCK = threading.Lock()
+_GPU_THREAD = None
+
+
+def _on_gpu_thread(fn, *args, **kwargs):
+    """Run GPU codec work on one long-lived thread per process: CUDA and CuPy keep
+    per-thread state, and callers (the ingest and read pools) are many short threads."""
+    global _GPU_THREAD
+    if _GPU_THREAD is None:
+        with _GPU_LOCK:
+            if _GPU_THREAD is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _GPU_THREAD = ThreadPoolExecutor(1, thread_name_prefix="s4fs-gpu")
+    if threading.current_thread().name.startswith("s4fs-gpu"):
+        return fn(*args, **kwargs)
+    return _GPU_THREAD.submit(fn, *args, **kwargs).result()
 
 
 @dataclass(frozen=True)
@@ -186,8 +201,7 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     dt = lookup(dtype)
     if _use_gpu(device, data):
         from . import gpu
-        with _GPU_LOCK:       # one chunk at a time per process: callers may be threads
-            return gpu.compress(data, dt, base=base, profile=profile)
+        return _on_gpu_thread(gpu.compress, data, dt, base=base, profile=profile)
     raw = as_bytes(data)
     return compress_cpu(raw, dt, base=base, profile=profile or DEFAULT_CPU)
 
@@ -264,8 +278,7 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
             f"{dt.name} layout-{head.layout} chunk of {head.raw_len} bytes")
     if _wants_gpu_decode(device, head):
         from . import gpu
-        with _GPU_LOCK:
-            out = gpu.decompress_planes(blob, head, dt)
+        out = _on_gpu_thread(gpu.decompress_planes, blob, head, dt)
     else:
         out = _decode_cpu(blob, head, dt)
     if base_view is not None:
