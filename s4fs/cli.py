@@ -33,7 +33,7 @@ _GENERIC_MOUNT_OPTS = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser
 def _fs_config(args):
     from s4fs.fs import FsConfig
     from s4fs.ingest import IngestConfig
-    return FsConfig(ingest=IngestConfig(device=getattr(args, "device", "auto") or "auto"),
+    return FsConfig(ingest=IngestConfig(device=getattr(args, "device", None) or "cpu"),
                     cache_dir=getattr(args, "cache_dir", None))
 
 
@@ -239,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--foreground", "-f", action="store_true")
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
-    m.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    m.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="codec for new chunks (default cpu; cuda is exact but, chunk by "
+                        "chunk, not yet faster: docs/BENCHMARKS.md)")
     m.add_argument("--gc-interval", type=float, default=3600.0,
                    help="seconds between background garbage collections (0: never)")
     m.add_argument("--uid", type=int, help="show files as owned by this user id")

@@ -72,8 +72,9 @@ class Filesystem:
             from s4fs.cache import PackCache
             self.pack_cache = PackCache(os.path.join(self.cache_dir, "packs"),
                                         self.cfg.pack_cache_bytes)
+        # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate)
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
-                                  device=self.cfg.ingest.device, blob_cache=self.pack_cache)
+                                  device="auto", blob_cache=self.pack_cache)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._writers: dict[str, "WriteHandle"] = {}

@@ -37,7 +37,9 @@ class IngestConfig:
     workers: int = max(2, os.cpu_count() or 2)
     max_pending_chunks: int = 8
     max_uploads: int = 4
-    device: str = "auto"
+    # The pipeline codes chunks on the CPU unless asked: the GPU codec is exact here but,
+    # fed one 4 MiB chunk at a time, slower than the CPU pool (docs/BENCHMARKS.md, H200).
+    device: str = "cpu"
     max_delta_depth: int = 4           # a delta chain never grows past this
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
 
