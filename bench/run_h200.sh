@@ -31,6 +31,10 @@ run 150 python3 -m s4fs.cli selftest --device cuda
 run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
 S4FS_BENCH_WEIGHTS=$W run 240 python3 "$R/bench/mount.py" --gib 1 --repeat 3 --device cpu
 fi
+if [ "${1:-all}" = delta ] || [ "${1:-all}" = all ]; then
+run 400 python3 "$R/bench/delta_gpu.py" --steps 300 --every 30 --spaced 150
+[ "${1:-all}" = delta ] && { tail -12 "$LOG"; exit 0; }
+fi
 # the GPU codec inside the ingest pipeline (threads) and through the mount
 S4FS_BENCH_WEIGHTS=$W run 120 python3 -X faulthandler -c "
 import sys, tempfile, time, hashlib, io, torch, s4fs

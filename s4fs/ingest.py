@@ -35,7 +35,7 @@ class IngestConfig:
     chunk_size: int = 4 << 20          # raw bytes per chunk (a multiple of every itemsize)
     pack_size: int = 32 << 20          # stored bytes per pack object
     workers: int = max(2, os.cpu_count() or 2)
-    max_pending_chunks: int = 8
+    max_pending_chunks: int = 0        # chunks being coded at once; 0: twice the workers
     max_uploads: int = 4
     # The pipeline codes chunks on the CPU unless asked: the GPU codec is exact here but,
     # fed one 4 MiB chunk at a time, slower than the CPU pool (docs/BENCHMARKS.md, H200).
@@ -252,7 +252,7 @@ class IngestSession:
     # --- coding ------------------------------------------------------------------------
 
     def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None) -> None:
-        while len(self._pending) >= self.cfg.max_pending_chunks:
+        while len(self._pending) >= (self.cfg.max_pending_chunks or 2 * self.cfg.workers):
             self._drain_one()
         fut = _Pools.codec(self.cfg.workers).submit(self._encode, data, dtype, base)
         self._pending.append(_Pending(stream, fut))

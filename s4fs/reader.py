@@ -22,7 +22,7 @@ from s4fs.stores import Store
 
 class ChunkSource:
     def __init__(self, store: Store, *, cache_bytes: int = 256 << 20, device: str = "auto",
-                 workers: int = 4, blob_cache=None) -> None:
+                 workers: int = 0, blob_cache=None) -> None:
         self.store = store
         self.device = device
         self.cache_bytes = cache_bytes
@@ -31,7 +31,9 @@ class ChunkSource:
         self._size = 0
         self._lock = threading.Lock()
         self._inflight: dict[tuple, Future] = {}
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-read")
+        import os
+        self._pool = ThreadPoolExecutor(workers or max(4, os.cpu_count() or 4),
+                                        thread_name_prefix="s4fs-read")
         self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
 
     def get(self, ref: ChunkRef) -> bytes:
