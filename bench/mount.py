@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-DEVICE = "auto"
+DEVICE = "cpu"
 
 
 def daemon_hwm(mountpoint: str) -> int:
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small-gib", type=float, default=0.25)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     args = ap.parse_args(argv)
     global DEVICE
     DEVICE = args.device
