@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test deps apt bench clean
