@@ -77,6 +77,7 @@ class Filesystem:
                                   device="auto", blob_cache=self.pack_cache)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
+        self._gen = 0                       # bumped by every change made on this mount
         self._writers: dict[str, "WriteHandle"] = {}
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
@@ -123,6 +124,7 @@ class Filesystem:
         now = time.monotonic()
         with self._lock:
             hit = self._manifests.get(path)
+            gen = self._gen
         if hit is not None and not fresh and now - hit[0] < self.cfg.metadata_ttl:
             return hit[1]
         try:
@@ -131,11 +133,14 @@ class Filesystem:
         except NotFound:
             m = None
         with self._lock:
-            self._manifests[path] = (now, m)
+            # a commit/unlink/rename on this mount while we fetched knows better
+            if self._gen == gen:
+                self._manifests[path] = (now, m)
         return m
 
     def _remember(self, path: str, m: Manifest | None) -> None:
         with self._lock:
+            self._gen += 1
             self._manifests[path] = (time.monotonic(), m)
 
     def commit(self, path: str, m: Manifest) -> None:
@@ -626,6 +631,9 @@ class WriteHandle:
             except BaseException as exc:
                 self.error = exc
                 metrics.observe_error(type(exc).__name__)
+                # this version can never be committed: stop showing it now, not at the
+                # (asynchronous) release
+                self.fs._release_writer(self)
                 raise
 
     fsync = flush
