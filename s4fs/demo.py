@@ -85,7 +85,9 @@ def main() -> int:
         subprocess.run(["ls", "-la", mnt], check=True)
     finally:
         subprocess.run([sys.executable, "-m", "s4fs.cli", "umount", mnt], check=False)
-    print("unmounted;", "every byte came back exactly" if ok else "MISMATCH")
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    print("unmounted and cleaned up;", "every byte came back exactly" if ok else "MISMATCH")
     return 0 if ok else 1
 
 
