@@ -35,35 +35,33 @@ def _number(name: str) -> tuple:
     return tuple(int(x) for x in _DIGITS.findall(name))
 
 
-def candidates(fs, path: str) -> list[str]:
-    """Paths that may serve as the base of ``path``, most promising first."""
-    parent, name = keys.parent(path), keys.basename(path)
-    out: list[str] = []
+def _peers(fs, folder: str, name: str) -> list[str]:
+    """Names in ``folder`` shaped like ``name`` (other than it), closest earlier number
+    first, at most MAX_CANDIDATES."""
     try:
-        siblings = fs.listdir(parent)
+        names = fs.listdir(folder)
     except Exception:
-        siblings = []
-    me = _number(name)
-    same_dir = [n for n in siblings if n != name and shape(n) == shape(name)]
-    # prefer the closest earlier number, then any other
-    same_dir.sort(key=lambda n: (_number(n) > me, abs(_sum(_number(n)) - _sum(me))))
-    out += [f"{parent}/{n}" if parent else n for n in same_dir[:MAX_CANDIDATES]]
+        return []
+    me = sum(_number(name))
+    later = _number(name)
+    peers = [n for n in names if n != name and shape(n) == shape(name)]
+    peers.sort(key=lambda n: (_number(n) > later, abs(sum(_number(n)) - me)))
+    return peers[:MAX_CANDIDATES]
+
+
+def _join(folder: str, *parts: str) -> str:
+    return "/".join(p for p in (folder, *parts) if p)
+
+
+def candidates(fs, path: str) -> list[str]:
+    """Paths that may serve as the base of ``path``, most promising first: same-shaped
+    names in its folder, then the same name in same-shaped sibling folders."""
+    parent, name = keys.parent(path), keys.basename(path)
+    out = [_join(parent, n) for n in _peers(fs, parent, name)]
     if parent:
         grand, dname = keys.parent(parent), keys.basename(parent)
-        try:
-            dirs = fs.listdir(grand)
-        except Exception:
-            dirs = []
-        mine = _number(dname)
-        peers = [d for d in dirs if d != dname and shape(d) == shape(dname)]
-        peers.sort(key=lambda d: (_number(d) > mine, abs(_sum(_number(d)) - _sum(mine))))
-        for d in peers[:MAX_CANDIDATES]:
-            out.append(f"{grand}/{d}/{name}" if grand else f"{d}/{name}")
+        out += [_join(grand, d, name) for d in _peers(fs, grand, dname)]
     return out
-
-
-def _sum(t: tuple) -> int:
-    return sum(t)
 
 
 def overlap(a: Manifest, b: Manifest) -> int:
