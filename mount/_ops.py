@@ -13,7 +13,7 @@ import pyfuse3
 import trio
 
 from s4fs import keys
-from s4fs import metrics_shim as metrics
+from s4fs import metrics
 from s4fs.errors import S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
 

@@ -168,12 +168,21 @@ def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
 def save(obj, path, **torch_save_kwargs) -> None:
     """``torch.save(obj)`` into the store: tensor-aware, compressed, atomic."""
     import torch
-    fs, rel = resolve(path, create=True)
-    h = fs.open_write(rel, truncate=True)
-    try:
+
+    def write(h):
         w = io.BufferedWriter(_WriteStream(h), 4 << 20)
         torch.save(obj, w, **torch_save_kwargs)
         w.flush()
+    _commit_new(path, write)
+
+
+def _commit_new(path, write) -> None:
+    """Open ``path`` for writing, let ``write(handle)`` fill it, commit; on any error
+    abort, so nothing half-written becomes visible."""
+    fs, rel = resolve(path, create=True)
+    h = fs.open_write(rel, truncate=True)
+    try:
+        write(h)
         h.flush()
     except BaseException:
         h.abort()
@@ -183,15 +192,7 @@ def save(obj, path, **torch_save_kwargs) -> None:
 
 def write_bytes(path, data) -> None:
     """Store raw bytes (any file) at ``path``."""
-    fs, rel = resolve(path, create=True)
-    h = fs.open_write(rel, truncate=True)
-    try:
-        h.write(0, data)
-        h.flush()
-    except BaseException:
-        h.abort()
-        raise
-    h.release()
+    _commit_new(path, lambda h: h.write(0, data))
 
 
 def read_bytes(path) -> bytes:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys
-from s4fs import metrics_shim as metrics
+from s4fs import metrics
 from s4fs.errors import (AlreadyExists, Busy, CorruptManifest, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound)
 from s4fs.ingest import IngestConfig, IngestSession
@@ -577,7 +577,7 @@ class WriteHandle:
                 return
             if self._session is not None and size == 0 and self._session.size == 0:
                 return
-            if size == 0 and not self._dirty_staged_needed():
+            if size == 0 and self.refs == 1:       # sole writer: start the stream afresh
                 self._restart_stream()
                 return
             self._to_staged_or_reopen()
@@ -585,9 +585,6 @@ class WriteHandle:
             self._size = size
             self._dirty = True
             self.mtime = time.time()
-
-    def _dirty_staged_needed(self) -> bool:
-        return self.refs > 1
 
     def _restart_stream(self) -> None:
         if self._session is not None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import xxhash
 
-from s4fs import codec, keys
+from s4fs import codec, keys, metrics
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
@@ -42,11 +42,6 @@ class IngestConfig:
     device: str = "cpu"
     max_delta_depth: int = 4           # a delta chain never grows past this
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
-
-
-def _metrics():
-    from s4fs import metrics_shim
-    return metrics_shim
 
 
 class _Pools:
@@ -99,7 +94,6 @@ class PackWriter:
         self._key = keys.new_pack_key()
         while len(self._uploads) >= self.cfg.max_uploads:
             self._uploads.popleft().result()
-        metrics = _metrics()
         metrics.uploads_started()
 
         def upload():

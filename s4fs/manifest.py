@@ -61,9 +61,6 @@ class ChunkRef:
     def key(self) -> tuple[str, int]:
         return (self.pack, self.offset)
 
-    def chain_stored(self) -> int:
-        return self.stored
-
 
 @dataclass
 class Stream:
