@@ -245,8 +245,7 @@ class S4Operations(pyfuse3.Operations):
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
             info = pyfuse3.FileInfo(fh=self._new_fh(handle))
-            mid = getattr(getattr(handle, "_reader", None), "m", None)
-            mid = mid.id if mid is not None else None
+            mid = handle.manifest.id if handle.manifest is not None else None
             # the kernel may keep cached pages only if the file is the version it cached
             info.keep_cache = mid is not None and self._seen_ids.get(path) == mid
             if mid is not None:
@@ -288,7 +287,10 @@ class S4Operations(pyfuse3.Operations):
 
     @_fuse_errors
     async def fsync(self, fh, datasync):
-        await self.flush(fh)
+        handle = self._handles[fh]
+        if isinstance(handle, WriteHandle):
+            async with self._handle_locks[fh]:
+                await self._run(handle.fsync)
 
     @_fuse_errors
     async def release(self, fh):

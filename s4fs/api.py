@@ -183,7 +183,7 @@ def _commit_new(path, write) -> None:
     h = fs.open_write(rel, truncate=True)
     try:
         write(h)
-        h.flush()
+        h.fsync()
     except BaseException:
         h.abort()
         raise

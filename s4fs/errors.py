@@ -106,3 +106,23 @@ class CorruptManifest(S4Error, ValueError):
     """A manifest could not be parsed or was written by an unknown format version."""
 
     errno = _errno.EIO
+
+
+class NoSpace(S4Error, OSError):
+    """The local cache disk (spool files) is full: the write was refused, nothing of this
+    version is committed, and the previous version of the file stays."""
+
+    errno = _errno.ENOSPC
+
+
+class MissingData(S4Error, OSError):
+    """An existing file's manifest names data (a pack) that is not in the store: the file
+    cannot be read back. Never reported as "no such file"."""
+
+    errno = _errno.EIO
+
+
+class NameTooLong(S4Error, OSError):
+    """A name (one path component) is longer than NAME_MAX (255 bytes)."""
+
+    errno = _errno.ENAMETOOLONG

@@ -4,13 +4,14 @@ Knows nothing about FUSE (``s4fs.mount`` translates FUSE operations into these c
 the Python API uses them directly). Paths are ``"a/b/c"`` strings relative to the store
 root (``""`` is the root). Every method is thread-safe and blocking.
 
-Writes: a file opened for writing from empty streams straight into an
-:class:`~s4fs.ingest.IngestSession` while bytes arrive in order. Anything else — a write
-that is not at the end, a read or truncate through a write handle, opening an existing
-file without truncating it — switches the handle to a staging file on local disk, which
-is ingested at flush. ``flush``/``fsync`` commit: every chunk is stored, then the
-manifest is written, atomically; only then does the file exist for other mounts.
-See docs/SEMANTICS.md.
+Writes go through :class:`s4fs.writer.WriteHandle` (spool first, ingest behind the
+writes, commit at close; see that module for the states and when a file is committed);
+this module keeps the namespace: which paths exist, their manifests, and the handles open
+on them. ``commit`` writes a manifest — the one atomic step of a save — and only then does
+the file exist for other mounts. See docs/SEMANTICS.md.
+
+Locking: ``Filesystem._lock`` guards the maps below and is held only for short, local
+work; it is never held while calling into a handle or the store.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys
-from s4fs import metrics
 from s4fs.errors import (AlreadyExists, Busy, CorruptManifest, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound)
 from s4fs.ingest import IngestConfig, IngestSession
 from s4fs.manifest import Manifest
-from s4fs.reader import ChunkSource, FileReader
+from s4fs.reader import ChunkSource, FileReader, ReadHandle
 from s4fs.stores import LocalStore, Store
+from s4fs.writer import State, WriteHandle
+
+__all__ = ["Attr", "Filesystem", "FsConfig", "ReadHandle", "State", "WriteHandle"]
 
 STORE_FORMAT = {"format": "s4fs-store", "version": 1}
 
@@ -39,7 +42,7 @@ STORE_FORMAT = {"format": "s4fs-store", "version": 1}
 @dataclass(frozen=True)
 class FsConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
-    cache_dir: str | None = None       # staging files and the pack cache; a temp dir if None
+    cache_dir: str | None = None       # spool files and the pack cache; a temp dir if None
     cache_bytes: int = 256 << 20       # decoded-chunk LRU
     metadata_ttl: float = 1.0          # how long a cached manifest/listing is trusted
     delta: bool = True                 # store checkpoints as deltas of the previous one
@@ -66,7 +69,8 @@ class Filesystem:
         self.cfg = cfg or FsConfig()
         self._own_cache = self.cfg.cache_dir is None
         self.cache_dir = self.cfg.cache_dir or tempfile.mkdtemp(prefix="s4fs-cache-")
-        os.makedirs(os.path.join(self.cache_dir, "staging"), exist_ok=True)
+        self.spool_dir = os.path.join(self.cache_dir, "spool")
+        os.makedirs(self.spool_dir, exist_ok=True)
         self.pack_cache = None
         if self.cfg.pack_cache_bytes and not isinstance(store, LocalStore):
             from s4fs.cache import PackCache
@@ -78,7 +82,7 @@ class Filesystem:
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._gen = 0                       # bumped by every change made on this mount
-        self._writers: dict[str, "WriteHandle"] = {}
+        self._writers: dict[str, WriteHandle] = {}
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
         self._check_root()
@@ -336,7 +340,7 @@ class Filesystem:
             h = self.open_write(path, truncate=True)
             try:
                 h.set_attrs(mode=mode, mtime=mtime)
-                h.flush()
+                h.fsync()
             finally:
                 h.release()
             with self._lock:
@@ -347,7 +351,7 @@ class Filesystem:
             try:
                 h.truncate(size)
                 h.set_attrs(mode=mode, mtime=mtime)
-                h.flush()
+                h.fsync()
             finally:
                 h.release()
             return self.stat(path)
@@ -367,30 +371,36 @@ class Filesystem:
 
     # --- files -----------------------------------------------------------------------
 
-    def open_read(self, path: str) -> "ReadHandle":
+    def open_read(self, path: str) -> ReadHandle:
         path = keys.norm(path)
         with self._lock:
             w = self._writers.get(path)
-        if w is not None:
-            return w.reader_view()
+        fd = w.reader_fd() if w is not None else None
+        if fd is not None:
+            # being written on this mount: read what is written so far, from its spool
+            return ReadHandle(staged_fd=fd, size_fn=lambda: w.size, path=path)
         m = self._manifest_or_none(path)
         if m is None:
             if path and self._is_dir(path):
                 raise IsADirectory(f"{path!r} is a directory")
             raise NotFound(f"no file {path!r}")
-        return ReadHandle(FileReader(m, self.source), path=path)
+        return ReadHandle(FileReader(m, self.source, path=path), path=path)
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
-                   exclusive: bool = False, mode: int = 0o644) -> "WriteHandle":
+                   exclusive: bool = False, mode: int = 0o644) -> WriteHandle:
         path = keys.norm(path)
         if not path:
             raise IsADirectory("the root is a directory")
-        with self._lock:
-            if path in self._writers:
-                w = self._writers[path]
-                if exclusive:
-                    raise AlreadyExists(f"{path!r} already exists")
-                return w.share(truncate=truncate)
+        while True:
+            with self._lock:
+                w = self._writers.get(path)
+            if w is None:
+                break
+            if exclusive:
+                raise AlreadyExists(f"{path!r} already exists")
+            if w.share(truncate=truncate):      # outside our lock: see the module docstring
+                return w
+            self._release_writer(w)             # it closed meanwhile: open a new one
         try:
             a = self.stat(path)
         except NotFound:
@@ -404,7 +414,7 @@ class Filesystem:
         parent = keys.parent(path)
         if parent and not self.stat(parent).is_dir:
             raise NotADirectory(f"{parent!r} is not a directory")
-        old = self._manifest_or_none(path) if a is not None else None
+        old = self._manifest_or_none(path, fresh=True) if a is not None else None
         file_mode = old.mode if old is not None else st.S_IFREG | (mode & 0o7777)
         previous = old
         with self._lock:
@@ -415,10 +425,16 @@ class Filesystem:
                         initial=None if (truncate or old is None or old.size == 0) else old,
                         previous=previous)
         with self._lock:
-            self._writers[path] = w
-        return w
+            other = self._writers.get(path)
+            if other is None:
+                self._writers[path] = w
+                return w
+        # another open of the same path won the race: share its handle instead
+        w.abort()
+        return self.open_write(path, truncate=truncate, create=create,
+                               exclusive=exclusive, mode=mode)
 
-    def _release_writer(self, w: "WriteHandle") -> None:
+    def _release_writer(self, w: WriteHandle) -> None:
         with self._lock:
             if self._writers.get(w.path) is w:
                 del self._writers[w.path]
@@ -433,266 +449,3 @@ class Filesystem:
         return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
                              source=self.source, on_pack=self.pack_cache.put
                              if self.pack_cache is not None else None)
-
-    def staging_file(self):
-        return tempfile.NamedTemporaryFile(dir=os.path.join(self.cache_dir, "staging"),
-                                           prefix="w-", delete=True)
-
-
-class ReadHandle:
-    """A read-only view of one committed version of a file."""
-
-    def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
-                 size_fn=None, path: str = ""):
-        self._reader = reader
-        self._fd = staged_fd
-        self._size_fn = size_fn
-        self.path = path
-        self.opened = time.monotonic()
-        self.nbytes = 0
-
-    @property
-    def size(self) -> int:
-        return self._reader.size if self._reader is not None else self._size_fn()
-
-    def read(self, offset: int, size: int) -> bytes:
-        if self._reader is not None:
-            data = self._reader.read(offset, size)
-        else:
-            data = os.pread(self._fd, size, offset)
-        self.nbytes += len(data)
-        return data
-
-    def readinto(self, offset: int, dest) -> int:
-        if self._reader is not None:
-            n = self._reader.readinto(offset, memoryview(dest).cast("B"))
-        else:
-            n = os.preadv(self._fd, [dest], offset)
-        self.nbytes += n
-        return n
-
-    def release(self) -> None:
-        if self.nbytes:
-            metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)
-            self.nbytes = 0
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-class WriteHandle:
-    """One file open for writing (shared by every descriptor open on it on this mount)."""
-
-    def __init__(self, fs: Filesystem, path: str, mode: int, *, initial: Manifest | None,
-                 previous: Manifest | None) -> None:
-        self.fs, self.path, self.mode = fs, path, mode
-        self.mtime = time.time()
-        self.opened = time.monotonic()
-        self.previous = previous
-        self.refs = 1
-        self.error: BaseException | None = None
-        self._lock = threading.RLock()
-        self._session: IngestSession | None = None
-        self._staged = None               # NamedTemporaryFile while staged
-        self._size = 0
-        self._dirty = True                # something to commit
-        self._orphaned = False
-        if initial is None:
-            self._session = fs.new_session(path, previous)
-        else:
-            self._stage_from(initial)
-            self._dirty = False
-
-    # -- sharing --------------------------------------------------------------------
-
-    def share(self, *, truncate: bool) -> "WriteHandle":
-        with self._lock:
-            self.refs += 1
-            if truncate:
-                self.truncate(0)
-            return self
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    # -- staging --------------------------------------------------------------------
-
-    def _stage_from(self, m: Manifest | None) -> None:
-        f = self.fs.staging_file()
-        if m is not None:
-            reader = FileReader(m, self.fs.source)
-            pos = 0
-            step = 8 << 20
-            while pos < m.size:
-                data = reader.read(pos, step)
-                f.write(data)
-                pos += len(data)
-        f.flush()
-        self._staged = f
-        self._size = m.size if m is not None else 0
-
-    def _to_staged(self) -> None:
-        """Leave streaming mode: read back what was streamed into a staging file."""
-        if self._staged is not None:
-            return
-        s, self._session = self._session, None
-        m = s.finish(mode=self.mode, mtime=self.mtime)
-        self._stage_from(m)
-
-    # -- operations ------------------------------------------------------------------
-
-    def write(self, offset: int, data) -> int:
-        with self._lock:
-            self._check()
-            n = len(data)
-            if self._session is not None and offset == self._session.size:
-                self._session.write(data)
-                self._size = self._session.size
-            else:
-                self._to_staged_or_reopen()
-                os.pwrite(self._staged.fileno(), data, offset)
-                self._size = max(self._size, offset + n)
-            self._dirty = True
-            self.mtime = time.time()
-            return n
-
-    def _to_staged_or_reopen(self) -> None:
-        if self._session is not None:
-            self._to_staged()
-        elif self._staged is None:       # committed, then written again
-            self._stage_from(self.fs._manifest_or_none(self.path, fresh=True))
-
-    def read(self, offset: int, size: int) -> bytes:
-        with self._lock:
-            self._check()
-            if self._session is not None or self._staged is None:
-                self._to_staged_or_reopen()
-            return os.pread(self._staged.fileno(), size, offset)
-
-    def truncate(self, size: int) -> None:
-        with self._lock:
-            self._check()
-            if size == self._size:
-                return
-            if self._session is not None and size == 0 and self._session.size == 0:
-                return
-            if size == 0 and self.refs == 1:       # sole writer: start the stream afresh
-                self._restart_stream()
-                return
-            self._to_staged_or_reopen()
-            os.ftruncate(self._staged.fileno(), size)
-            self._size = size
-            self._dirty = True
-            self.mtime = time.time()
-
-    def _restart_stream(self) -> None:
-        if self._session is not None:
-            self._session.abort()
-        if self._staged is not None:
-            self._staged.close()
-            self._staged = None
-        self._session = self.fs.new_session(self.path, self.previous)
-        self._size = 0
-        self._dirty = True
-        self.mtime = time.time()
-
-    def set_attrs(self, *, mode=None, mtime=None, size=None) -> None:
-        with self._lock:
-            if size is not None:
-                self.truncate(size)
-            if mode is not None:
-                self.mode = (self.mode & ~0o7777) | (mode & 0o7777)
-                self._dirty = True
-            if mtime is not None:
-                self.mtime = mtime
-                self._dirty = True
-
-    def flush(self) -> None:
-        """Commit: every chunk durable, then the manifest. Raises if anything failed."""
-        with self._lock:
-            self._check()
-            if not self._dirty or self._orphaned:
-                return
-            try:
-                if self._session is not None:
-                    s, self._session = self._session, None
-                    m = s.finish(mode=self.mode, mtime=self.mtime)
-                else:
-                    m = self._ingest_staged()
-                self.fs.commit(self.path, m)
-                self.previous = m
-                self._dirty = False
-                metrics.observe_save(self.path, m.size, m.stored_bytes(),
-                                     time.monotonic() - self.opened)
-            except BaseException as exc:
-                self.error = exc
-                metrics.observe_error(type(exc).__name__)
-                # this version can never be committed: stop showing it now, not at the
-                # (asynchronous) release
-                self.fs._release_writer(self)
-                raise
-
-    fsync = flush
-
-    def _ingest_staged(self) -> Manifest:
-        s = self.fs.new_session(self.path, self.previous)
-        try:
-            fd = self._staged.fileno()
-            pos = 0
-            while pos < self._size:
-                data = os.pread(fd, min(4 << 20, self._size - pos), pos)
-                if not data:
-                    break
-                s.write(data)
-                pos += len(data)
-            return s.finish(mode=self.mode, mtime=self.mtime)
-        except BaseException:
-            s.abort()
-            raise
-
-    def _check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def reader_view(self) -> ReadHandle:
-        with self._lock:
-            if not self._dirty and self.previous is not None:
-                return ReadHandle(FileReader(self.previous, self.fs.source))
-            if self._session is not None:
-                raise Busy(f"{self.path!r} is being written; it can be read once closed")
-            if self._staged is None:
-                self._stage_from(self.fs._manifest_or_none(self.path, fresh=True))
-            # a descriptor of its own: the writer may close its staging file first
-            return ReadHandle(staged_fd=os.dup(self._staged.fileno()),
-                              size_fn=lambda: self._size)
-
-    def release(self) -> None:
-        """Last close of one descriptor. Commits what is left; the last one cleans up."""
-        with self._lock:
-            self.refs -= 1
-            if self.refs > 0:
-                return
-            try:
-                if self._dirty and self.error is None and not self._orphaned:
-                    self.flush()
-            finally:
-                self._cleanup()
-
-    def abort(self) -> None:
-        with self._lock:
-            self._cleanup()
-
-    def orphan(self) -> None:
-        """The path was unlinked while open: keep accepting writes, commit nothing."""
-        with self._lock:
-            self._orphaned = True
-
-    def _cleanup(self) -> None:
-        if self._session is not None:
-            self._session.abort()
-            self._session = None
-        if self._staged is not None:
-            self._staged.close()
-            self._staged = None
-        self.fs._release_writer(self)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import posixpath
 import uuid
 
-from s4fs.errors import InvalidArgument
+from s4fs.errors import InvalidArgument, NameTooLong
+
+NAME_MAX = 255          # bytes per name, as on a local disk, whatever the store
 
 ROOT_MARKER = "s4fs-store.json"
 FILES = "files/"
@@ -27,8 +29,13 @@ def norm(path: str) -> str:
     p = posixpath.normpath("/" + path).lstrip("/")
     if p in (".", ""):
         return ""
-    if any(part == ".." for part in p.split("/")):
+    parts = p.split("/")
+    if any(part == ".." for part in parts):
         raise InvalidArgument(f"path {path!r} leaves the store")
+    for part in parts:
+        if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            raise NameTooLong(f"the name {part[:40]!r}... is longer than {NAME_MAX} bytes; "
+                              f"use a shorter name")
     return p
 
 

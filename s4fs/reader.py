@@ -13,9 +13,14 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from s4fs import codec
+import os
+import time
+
+import xxhash
+
+from s4fs import codec, metrics
 from s4fs.codec import _container
-from s4fs.errors import ChecksumError, S4Error
+from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
 
@@ -31,7 +36,6 @@ class ChunkSource:
         self._size = 0
         self._lock = threading.Lock()
         self._inflight: dict[tuple, Future] = {}
-        import os
         self._pool = ThreadPoolExecutor(workers or max(4, os.cpu_count() or 4),
                                         thread_name_prefix="s4fs-read")
         self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
@@ -77,7 +81,14 @@ class ChunkSource:
         if self.blob_cache is not None:
             blob = self.blob_cache.get(ref.pack, ref.offset, ref.stored)
         if blob is None:
-            blob = self.store.get(ref.pack, ref.offset, ref.offset + ref.stored)
+            try:
+                blob = self.store.get(ref.pack, ref.offset, ref.offset + ref.stored)
+            except NotFound:
+                # the file exists (its manifest does); its data does not: never ENOENT
+                raise MissingData(
+                    f"object {ref.pack} is missing from the store ({self.store.url}); "
+                    f"the file that needs it cannot be read back (was it deleted by hand, "
+                    f"or by a lifecycle rule?)") from None
         if len(blob) != ref.stored:
             raise ChecksumError(
                 f"chunk at {ref.pack}@{ref.offset} is truncated in the store ({len(blob)} of "
@@ -126,11 +137,15 @@ class FileReader:
     """Random-access reads over one manifest."""
 
     def __init__(self, manifest: Manifest, source: ChunkSource, *,
-                 readahead: int = 16 << 20) -> None:
+                 readahead: int = 16 << 20, path: str = "") -> None:
         self.m = manifest
         self.source = source
         self.readahead = readahead
+        self.path = path
         self._last_end = -1
+        # the whole-file hash, checked when the file is read from 0 to its end in order
+        self._hasher = xxhash.xxh3_128() if manifest.xxh128 else None
+        self._hashed = 0
 
     @property
     def size(self) -> int:
@@ -157,16 +172,37 @@ class FileReader:
             self.source.prefetch(self.refs_for(offset, end - offset)[1:])
         pos = offset
         i = m.locate(pos)
-        while pos < end:
-            foff, flen, sidx, soff = m.extents[i]
-            take = min(end, foff + flen) - pos
-            self._stream_into(sidx, soff + pos - foff, dest[pos - offset: pos - offset + take])
-            pos += take
-            i += 1
+        try:
+            while pos < end:
+                foff, flen, sidx, soff = m.extents[i]
+                take = min(end, foff + flen) - pos
+                self._stream_into(sidx, soff + pos - foff,
+                                  dest[pos - offset: pos - offset + take])
+                pos += take
+                i += 1
+        except MissingData as exc:
+            raise MissingData(f"{self.path or 'a file'}: {exc}") from None
         self._last_end = end
+        if self._hasher is not None:
+            self._hash_through(offset, end, dest)
         if sequential and self.readahead and end < m.size:
             self.source.prefetch(self.refs_for(end, self.readahead))
         return end - offset
+
+    def _hash_through(self, offset: int, end: int, dest: memoryview) -> None:
+        """Extend the whole-file hash over bytes read in order; at the end, compare."""
+        if offset > self._hashed or end <= self._hashed:
+            return
+        self._hasher.update(dest[self._hashed - offset: end - offset])
+        self._hashed = end
+        if end == self.m.size:
+            got = self._hasher.hexdigest()
+            self._hasher = None
+            if got != self.m.xxh128:
+                raise ChecksumError(
+                    f"{self.path or 'a file'}: the bytes read back do not match the file's "
+                    f"recorded hash (every chunk passed its own check, so the manifest "
+                    f"itself is wrong); do not trust this file — report it, with the store")
 
     def _stream_into(self, sidx: int, soff: int, dest: memoryview) -> None:
         stream = self.m.streams[sidx]
@@ -204,3 +240,50 @@ class FileReader:
             pos = min(end, foff + flen)
             i += 1
         return refs
+
+
+class ReadHandle:
+    """A read-only view of one file: a committed version, or (on the mount that writes
+    it) the spool of a file being written."""
+
+    def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
+                 size_fn=None, path: str = ""):
+        self._reader = reader
+        self._fd = staged_fd
+        self._size_fn = size_fn
+        self.path = path
+        self.opened = time.monotonic()
+        self.nbytes = 0
+
+    @property
+    def manifest(self) -> Manifest | None:
+        return self._reader.m if self._reader is not None else None
+
+    @property
+    def size(self) -> int:
+        return self._reader.size if self._reader is not None else self._size_fn()
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self._reader is not None:
+            data = self._reader.read(offset, size)
+        else:
+            data = os.pread(self._fd, max(0, min(size, self._size_fn() - offset)), offset)
+        self.nbytes += len(data)
+        return data
+
+    def readinto(self, offset: int, dest) -> int:
+        if self._reader is not None:
+            n = self._reader.readinto(offset, memoryview(dest).cast("B"))
+        else:
+            want = max(0, min(len(dest), self._size_fn() - offset))
+            n = os.preadv(self._fd, [memoryview(dest).cast("B")[:want]], offset) if want else 0
+        self.nbytes += n
+        return n
+
+    def release(self) -> None:
+        if self.nbytes:
+            metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)
+            self.nbytes = 0
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -161,6 +161,16 @@ class FaultProxyProcess:
         "    cmd = json.loads(line)\n"
         "    if cmd['op'] == 'clear':\n"
         "        p.clear()\n"
+        "    elif cmd['op'] == 'inject_nth':\n"
+        "        seen = []\n"
+        "        def when(meth, path, seen=seen, cmd=cmd):\n"
+        "            if meth != cmd['method'] or cmd['contains'] not in path:\n"
+        "                return False\n"
+        "            key = path.split('?')[0]\n"
+        "            if key not in seen:\n"
+        "                seen.append(key)\n"
+        "            return seen.index(key) == cmd['n']\n"
+        "        p.inject(cmd['action'], None, when)\n"
         "    else:\n"
         "        m = cmd.get('method')\n"
         "        p.inject(cmd['action'], cmd.get('times'),\n"
@@ -182,6 +192,12 @@ class FaultProxyProcess:
 
     def inject(self, action: str, times: int | None = None, method: str | None = None):
         self._send({"op": "inject", "action": action, "times": times, "method": method})
+
+    def inject_nth(self, action: str, n: int, method: str, contains: str) -> None:
+        """Fail every ``method`` request for the ``n``-th distinct object (0-based) whose
+        path contains ``contains`` — e.g. every PUT of one pack — and no other."""
+        self._send({"op": "inject_nth", "action": action, "n": n, "method": method,
+                    "contains": contains})
 
     def clear(self) -> None:
         self._send({"op": "clear"})

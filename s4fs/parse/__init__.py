@@ -40,6 +40,7 @@ as in DCP ``.distcp`` files), ``"safetensors"``, and ``"raw"`` for everything el
 
 from __future__ import annotations
 
+from ._complete import looks_complete
 from ._machine import Machine, ParserLimits
 from ._pickle_scan import PickleScan, StorageInfo, scan_pickle
 from ._safetensors import SafetensorsMachine, looks_like
@@ -47,7 +48,7 @@ from ._torchzip import LOCAL, TorchZipMachine
 from ._window import RAW, Piece, Segment, Window
 
 __all__ = ["Segment", "StreamParser", "ParserLimits", "new_parser", "scan_pickle",
-           "PickleScan", "StorageInfo"]
+           "PickleScan", "StorageInfo", "looks_complete"]
 
 
 class StreamParser:

@@ -8,6 +8,10 @@ Missing keys: ``get`` and ``head`` raise :class:`s4fs.errors.NotFound`; ``delete
 missing key is not an error (deletes are idempotent); ``list`` of a prefix with nothing
 under it yields nothing.
 
+Too long keys: a store may refuse a key with a component longer than it can hold with
+:class:`NameTooLong` (errno ``ENAMETOOLONG``); ``LocalStore`` holds components of up to
+``NAME_MAX`` (255) bytes, like the local file systems it lives on.
+
 Every other failure is raised as an :class:`s4fs.errors.S4Error` subclass, translated at
 the store's edge (``StoreError``, ``StoreUnavailable``, ``Busy``, ``PermissionDenied``).
 Stores are safe to call from several threads at once.
@@ -15,11 +19,15 @@ Stores are safe to call from several threads at once.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterator
 
-from s4fs.errors import InvalidArgument
+from s4fs.errors import InvalidArgument, NameTooLong  # noqa: F401  (re-exported)
+
+#: the longest component, in bytes of the file system encoding, a LocalStore can hold
+NAME_MAX = 255
 
 
 @dataclass(frozen=True)
@@ -74,4 +82,26 @@ def check_key(key: str) -> str:
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
         raise InvalidArgument(f"invalid store key {key!r}: empty, '.' or '..' component")
+    return key
+
+
+def name_bytes(name: str) -> bytes:
+    """``name`` as the bytes a local file system stores (UTF-8; the undecodable bytes a
+    FUSE name carried come back as they were, via ``surrogateescape``)."""
+    try:
+        return os.fsencode(name)
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"store key component {name!r} is not valid Unicode "
+                              f"(it has a lone surrogate)") from None
+
+
+def check_name_lengths(key: str, name_max: int = NAME_MAX) -> str:
+    """``key`` when every ``/``-separated component fits in ``name_max`` bytes;
+    :class:`NameTooLong` otherwise (what a user sees for a name past NAME_MAX)."""
+    for part in key.split("/"):
+        n = len(name_bytes(part))
+        if n > name_max:
+            raise NameTooLong(f"name {part[:40]!r}... is {n} bytes long; names (each "
+                              f"path component) may be at most {name_max} bytes: use a "
+                              f"shorter name")
     return key

@@ -1,0 +1,120 @@
+"""The spool: every byte of a file being written, in a local file, in whatever order it
+arrives.
+
+Contract:
+
+* ``write(offset, data)`` is one ``pwrite`` into a sparse file in the cache dir; bytes
+  never written read back as zeros (a hole), exactly as on a local disk. A full cache
+  disk raises :class:`~s4fs.errors.NoSpace` (``ENOSPC``); any other I/O error is an
+  ``OSError`` with its errno. Nothing is ever parsed or coded here.
+* ``size`` is the file's true logical size at every moment (writes and truncates
+  included) — what ``stat`` and ``fstat`` report while the file is open.
+* ``frontier`` is the end of the prefix ``[0, frontier)`` in which every byte has been
+  written at least once (or was there when the spool was filled from a committed
+  version). The ingest pipeline may consume that prefix while the file is still being
+  written; writes that arrive out of order (the kernel's writeback cache reorders them)
+  wait beyond the frontier until the gap before them is filled.
+* The spool file is unlinked as soon as it is created: a crash leaves nothing behind,
+  and a descriptor ``dup``'d by a reader stays valid after the spool is closed.
+
+Not thread-safe: its owner (:class:`s4fs.writer.WriteHandle`) serialises calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+import tempfile
+
+from s4fs.errors import NoSpace
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class Spool:
+    def __init__(self, folder: str, label: str = "") -> None:
+        os.makedirs(folder, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix="spool-")
+        os.unlink(name)
+        self.fd = fd
+        self.label = label
+        self.size = 0
+        self.frontier = 0
+        self._islands: list[list[int]] = []      # written [start, end) past the frontier
+
+    # --- bytes in --------------------------------------------------------------------
+
+    def write(self, offset: int, data) -> int:
+        n = len(data)
+        try:
+            done = os.pwrite(self.fd, data, offset)
+            while done < n:        # a short pwrite on a nearly full disk: finish or fail
+                more = os.pwrite(self.fd, memoryview(data)[done:], offset + done)
+                if more == 0:
+                    raise OSError(errno.ENOSPC, "no space left on device")
+                done += more
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise NoSpace(
+                    f"the cache disk is full while writing {self.label!r} (offset {offset}, "
+                    f"{n} bytes): free space under --cache-dir or point it at a larger "
+                    f"disk; this version was not stored, the previous one stays") from None
+            raise
+        self.size = max(self.size, offset + n)
+        self._mark(offset, offset + n)
+        return n
+
+    def truncate(self, size: int) -> None:
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise NoSpace(f"the cache disk is full while resizing {self.label!r}") from None
+            raise
+        if size < self.size:
+            self.frontier = min(self.frontier, size)
+            self._islands = [[a, min(b, size)] for a, b in self._islands if a < size]
+        else:
+            # the new bytes are a hole of zeros: as good as written
+            self._mark(self.size, size)
+        self.size = size
+
+    def _mark(self, lo: int, hi: int) -> None:
+        if lo <= self.frontier:
+            self.frontier = max(self.frontier, hi)
+        else:
+            i = bisect.bisect_left(self._islands, [lo, hi])
+            self._islands.insert(i, [lo, hi])
+            # merge neighbours
+            merged: list[list[int]] = []
+            for a, b in self._islands:
+                if merged and a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], b)
+                else:
+                    merged.append([a, b])
+            self._islands = merged
+        while self._islands and self._islands[0][0] <= self.frontier:
+            self.frontier = max(self.frontier, self._islands.pop(0)[1])
+
+    # --- bytes out -------------------------------------------------------------------
+
+    def read(self, offset: int, size: int) -> bytes:
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        return os.pread(self.fd, end - offset, offset)
+
+    def readinto(self, offset: int, dest) -> int:
+        end = min(offset + len(dest), self.size)
+        if offset >= end:
+            return 0
+        return os.preadv(self.fd, [memoryview(dest)[: end - offset]], offset)
+
+    def dup(self) -> int:
+        return os.dup(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

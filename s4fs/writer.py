@@ -1,0 +1,357 @@
+"""One file open for writing: its spool, its background ingest, and when it commits.
+
+A write, top to bottom: the mount's ``write`` → :meth:`WriteHandle.write` (one ``pwrite``
+into the :class:`~s4fs.spool.Spool`) → the handle's ingest thread feeds the spool's
+written prefix to an :class:`~s4fs.ingest.IngestSession` (parse, chunk, code, pack,
+upload — while the file is still being written) → at commit the session finishes (every
+pack durable) and :meth:`Filesystem.commit` writes the manifest, the one atomic step.
+
+States (``WriteHandle.state``)::
+
+    STREAMING --flush/fsync/last release--> COMMITTING --ok--> COMMITTED
+        ^                                       |                 |
+        +--------------- a later write ---------+-----------------+
+    any state --error--> FAILED (sticky: every later call raises it; nothing is committed)
+    last release --> CLOSED
+
+When a file is committed (docs/SEMANTICS.md):
+
+* ``fsync`` of any descriptor, and the **last release** (the kernel's last close of the
+  last descriptor), commit what the spool holds.
+* ``flush`` (every ``close()`` of a descriptor, including one inherited by a forked child
+  or made by ``dup``) commits only if the file **looks complete** for its format
+  (:func:`s4fs.parse.looks_complete`: a torch zip whose end record is written, a
+  safetensors file as long as its header says; files of other formats always look
+  complete). A child closing its copy of the descriptor of a half-written checkpoint
+  therefore commits nothing, and ``torch.save``'s own close commits before it returns.
+* Any error — the cache disk full, a pack upload that failed after its retries, a codec
+  error — fails the handle: the write or close that sees it raises, and the previous
+  version of the file stays. Nothing is ever committed from a failed handle.
+
+Locking: the handle's lock is taken after the filesystem's, never before — nothing here
+calls into :class:`~s4fs.fs.Filesystem` while holding the handle lock except ``commit``
+and the short ``_release_writer``, which take only the filesystem's own short lock, and
+the filesystem never calls a handle while holding its lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from s4fs import metrics
+from s4fs.errors import S4Error
+from s4fs.ingest import IngestSession
+from s4fs.manifest import Manifest
+from s4fs.parse import looks_complete
+from s4fs.spool import Spool
+
+if TYPE_CHECKING:
+    from s4fs.fs import Filesystem
+
+_STEP = 4 << 20           # bytes the ingest thread reads from the spool at a time
+
+
+class State(enum.Enum):
+    STREAMING = "streaming"      # bytes not yet committed; ingest runs behind the writes
+    COMMITTING = "committing"
+    COMMITTED = "committed"      # the store holds exactly what the spool holds
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class WriteHandle:
+    """One file open for writing on this mount, shared by every descriptor open on it."""
+
+    def __init__(self, fs: "Filesystem", path: str, mode: int, *,
+                 initial: Manifest | None, previous: Manifest | None) -> None:
+        self.fs, self.path, self.mode = fs, path, mode
+        self.mtime = time.time()
+        self.opened = time.monotonic()
+        self.previous = previous          # the version this one replaces (delta lineage)
+        self.refs = 1
+        self.error: BaseException | None = None
+        self.state = State.STREAMING
+        self._orphaned = False            # unlinked while open: commit nothing
+        self._cond = threading.Condition(threading.RLock())
+        self.spool = Spool(fs.spool_dir, path)
+        # background ingest of the spool's written prefix
+        self._session: IngestSession | None = None
+        self._ingested = 0                # spool bytes the session has consumed
+        self._claimed = 0                 # ... plus those the ingest thread is reading now
+        self._stream_ok = True            # False once bytes it consumed were rewritten
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        try:
+            if initial is not None:
+                self._fill_from(initial)
+                self.state = State.COMMITTED      # nothing new yet
+        except BaseException:
+            self.spool.close()
+            raise
+
+    def _fill_from(self, m: Manifest) -> None:
+        """An existing file opened without truncation: its bytes become the spool."""
+        from s4fs.reader import FileReader
+        reader = FileReader(m, self.fs.source, path=self.path)
+        pos = 0
+        while pos < m.size:
+            data = reader.read(pos, min(8 << 20, m.size - pos))
+            if not data:
+                break
+            self.spool.write(pos, data)
+            pos += len(data)
+
+    # --- descriptors -----------------------------------------------------------------
+
+    def share(self, *, truncate: bool) -> bool:
+        """Another descriptor opens this file; False if the handle has already closed
+        (the caller then opens a new one)."""
+        with self._cond:
+            if self.state in (State.CLOSED, State.FAILED):
+                return False
+            self.refs += 1
+            if truncate:
+                self.truncate(0)
+            return True
+
+    @property
+    def size(self) -> int:
+        return self.spool.size
+
+    @property
+    def dirty(self) -> bool:
+        return self.state is State.STREAMING
+
+    # --- operations ------------------------------------------------------------------
+
+    def write(self, offset: int, data) -> int:
+        with self._cond:
+            self._check()
+            if offset < self._claimed:
+                self._stream_ok = False           # rewrites bytes ingest already took
+            try:
+                n = self.spool.write(offset, data)
+            except BaseException as exc:           # cache disk full: this version is lost
+                self._fail(exc)
+                raise
+            self._touch()
+            self._kick()
+            return n
+
+    def read(self, offset: int, size: int) -> bytes:
+        with self._cond:
+            self._check()
+            return self.spool.read(offset, size)
+
+    def readinto(self, offset: int, dest) -> int:
+        with self._cond:
+            self._check()
+            return self.spool.readinto(offset, dest)
+
+    def truncate(self, size: int) -> None:
+        with self._cond:
+            self._check()
+            if size == self.spool.size:
+                return
+            if size < self._claimed:
+                self._stream_ok = False
+            try:
+                self.spool.truncate(size)
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+            self._touch()
+
+    def set_attrs(self, *, mode=None, mtime=None, size=None) -> None:
+        with self._cond:
+            if size is not None:
+                self.truncate(size)
+            if mode is not None:
+                self.mode = (self.mode & ~0o7777) | (mode & 0o7777)
+                self._touch(mtime=False)
+            if mtime is not None:
+                self.mtime = mtime
+                self._touch(mtime=False)
+
+    def _touch(self, *, mtime: bool = True) -> None:
+        if self.state is not State.STREAMING:
+            self.state = State.STREAMING
+        if mtime:
+            self.mtime = time.time()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # --- commit ----------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """A descriptor is closed: commit if the file looks complete (module docstring).
+        Raises the handle's error, if any."""
+        with self._cond:
+            self._check()
+            if self.state is not State.STREAMING or self._orphaned:
+                return
+            if not looks_complete(self.spool.read, self.spool.size):
+                return                 # a half-written checkpoint: the last release commits
+            self._commit()
+
+    def fsync(self) -> None:
+        """Commit now, whatever the file looks like. Raises the handle's error, if any."""
+        with self._cond:
+            self._check()
+            if self.state is State.STREAMING and not self._orphaned:
+                self._commit()
+
+    def _commit(self) -> None:
+        self.state = State.COMMITTING
+        try:
+            self._stop_ingest()
+            self._check()
+            s = self._session
+            self._session = None
+            if s is None or not self._stream_ok:
+                if s is not None:
+                    s.abort()
+                s = self.fs.new_session(self.path, self.previous)
+                start = 0
+            else:
+                start = self._ingested
+            try:
+                self._feed(s, start, self.spool.size)
+                m = s.finish(mode=self.mode, mtime=self.mtime)
+            except BaseException:
+                s.abort()
+                raise
+            self.fs.commit(self.path, m)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self.previous = m
+        self.state = State.COMMITTED
+        # a later write starts a new version, ingested afresh from the whole spool
+        self._ingested = self._claimed = 0
+        self._stream_ok = True
+        self._stop = False
+        metrics.observe_save(self.path, m.size, m.stored_bytes(),
+                             time.monotonic() - self.opened)
+
+    def _feed(self, s: IngestSession, lo: int, hi: int) -> None:
+        while lo < hi:
+            data = self.spool.read(lo, min(_STEP, hi - lo))
+            if not data:
+                raise S4Error(f"internal error: the spool of {self.path!r} is shorter than "
+                              f"its size; nothing was committed")
+            s.write(data)
+            lo += len(data)
+
+    def _fail(self, exc: BaseException) -> None:
+        """This version can never be committed: every later call raises ``exc``, and the
+        file stops showing this version at once (the previous one stays)."""
+        if self.error is None:
+            self.error = exc
+            metrics.observe_error(type(exc).__name__)
+        self.state = State.FAILED
+        if self._session is not None:
+            self._session.abort()
+            self._session = None
+        self.fs._release_writer(self)
+
+    # --- background ingest -----------------------------------------------------------
+
+    def _kick(self) -> None:
+        """Wake (or start) the ingest thread: the written prefix grew."""
+        if self._thread is None and not self._stop:
+            self._thread = threading.Thread(target=self._ingest_loop, daemon=True,
+                                            name="s4fs-ingest")
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _stop_ingest(self) -> None:
+        """Stop the ingest thread and wait until it is out (releases the lock meanwhile)."""
+        self._stop = True
+        self._cond.notify_all()
+        while self._thread is not None:
+            self._cond.wait()
+
+    def _ingest_loop(self) -> None:
+        s = None
+        try:
+            while True:
+                with self._cond:
+                    while not self._stop and self.error is None and (
+                            not self._stream_ok or self._ingested >= self.spool.frontier):
+                        self._cond.wait()
+                    if self._stop or self.error is not None:
+                        return
+                    lo = self._ingested
+                    hi = min(self.spool.frontier, lo + _STEP)
+                    self._claimed = hi
+                    s = self._session
+                if s is None:
+                    s = self.fs.new_session(self.path, self.previous)
+                    with self._cond:
+                        self._session = s
+                data = os.pread(self.spool.fd, hi - lo, lo)
+                s.write(data)
+                with self._cond:
+                    if self._stream_ok:
+                        self._ingested = lo + len(data)
+                    self._claimed = self._ingested
+        except BaseException as exc:       # a failed upload, a codec error, ...
+            with self._cond:
+                self._fail(exc)
+        finally:
+            with self._cond:
+                self._thread = None
+                self._cond.notify_all()
+
+    # --- reading while open ----------------------------------------------------------
+
+    def reader_fd(self) -> int | None:
+        """A descriptor of the spool for a reader on this mount (it stays valid after the
+        handle closes); None once the handle has closed or failed (the committed version,
+        if any, is then the file)."""
+        with self._cond:
+            if self.state in (State.CLOSED, State.FAILED):
+                return None
+            return self.spool.dup()
+
+    # --- closing ---------------------------------------------------------------------
+
+    def release(self) -> None:
+        """One descriptor is gone for good; the last one commits what is left."""
+        with self._cond:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            try:
+                if self.state is State.STREAMING and self.error is None \
+                        and not self._orphaned:
+                    self._commit()
+            finally:
+                self._close()
+
+    def abort(self) -> None:
+        """Give up this version (the Python API after an exception): nothing commits."""
+        with self._cond:
+            self._close()
+
+    def orphan(self) -> None:
+        """The path was unlinked while open: keep accepting writes, commit nothing."""
+        with self._cond:
+            self._orphaned = True
+
+    def _close(self) -> None:
+        self._stop_ingest()
+        if self._session is not None:
+            self._session.abort()
+            self._session = None
+        if self.state is not State.FAILED:
+            self.state = State.CLOSED
+        self.spool.close()
+        self.fs._release_writer(self)
