@@ -1,33 +1,149 @@
-"""Running the mount: foreground loop, background start with readiness, unmount."""
+"""Running the mount: foreground loop, background start with readiness, unmount.
+
+Before mounting, the mountpoint is checked in :func:`prepare_mountpoint`: a FUSE mount
+already there is found in ``/proc/self/mountinfo`` (reading it never calls into a
+filesystem) and probed with ``statvfs``, which the kernel always sends to the daemon —
+``stat`` does not: for up to the attribute timeout after a daemon dies, the kernel still
+answers it from its cache. A dead mount (``ENOTCONN``) is detached lazily, every one of
+them when crashed daemons left several stacked; a mount that answers is refused, so two
+mounts never stack on one mountpoint.
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
+
+from s4fs.errors import Busy
 
 log = logging.getLogger("s4fs.mount")
 
+#: how long a FUSE mount found at the mountpoint has to answer statvfs
+PROBE_TIMEOUT_S = 5.0
 
-def is_stale(mountpoint: str) -> bool:
-    """True when ``mountpoint`` is a dead FUSE mount (its daemon crashed)."""
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of /proc/self/mountinfo."""
+    mount_id: int
+    parent_id: int
+    device: str               # major:minor; for FUSE the minor is the connection number
+    path: str
+    fstype: str               # "fuse.s4fs", "fuse", "fuseblk", "tmpfs", ...
+    source: str
+
+    @property
+    def is_fuse(self) -> bool:
+        return self.fstype.split(".", 1)[0] in ("fuse", "fuseblk")
+
+
+def _unescape(field: bytes) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (``\\040``)."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]),
+                              field))
+
+
+def _resolve(mountpoint: str) -> str:
+    """The absolute path the kernel mounts on, found without a stat of ``mountpoint``
+    itself (that would call into a hung FUSE daemon there)."""
+    path = os.path.abspath(mountpoint)
+    parent = os.path.realpath(os.path.dirname(path))
+    path = os.path.join(parent, os.path.basename(path))
     try:
-        os.stat(mountpoint)
-        return False
-    except OSError as exc:
-        return exc.errno == errno.ENOTCONN
+        return os.path.realpath(os.path.join(parent, os.readlink(path)))
+    except OSError:                          # not a symlink (or not there)
+        return path
+
+
+def mounts_at(mountpoint: str) -> list[MountEntry]:
+    """The mounts whose mountpoint is exactly ``mountpoint``; the one on top (the one a
+    path lookup reaches) is last."""
+    target = _resolve(mountpoint)
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        left, sep, right = line.partition(b" - ")
+        fields, rest = left.split(), right.split()
+        if not sep or len(fields) < 5 or not rest:
+            continue
+        path = _unescape(fields[4])
+        if path == target:
+            found.append(MountEntry(int(fields[0]), int(fields[1]), fields[2].decode(),
+                                    path, _unescape(rest[0]),
+                                    _unescape(rest[1]) if len(rest) > 1 else ""))
+    # stacked mounts: each one's parent is the mount below it at the same path
+    ids = {e.mount_id for e in found}
+    below = {e.parent_id for e in found if e.parent_id in ids}
+    return sorted(found, key=lambda e: e.mount_id not in below)
+
+
+def _probe(mountpoint: str, timeout: float) -> OSError | None:
+    """statvfs ``mountpoint`` in a thread: None when it answers, the error it raised,
+    or TimeoutError when it does not answer within ``timeout`` (a hung daemon)."""
+    box: list = []
+
+    def probe():
+        try:
+            os.statvfs(mountpoint)
+            box.append(None)
+        except OSError as exc:
+            box.append(exc)
+    t = threading.Thread(target=probe, daemon=True, name="s4fs-mount-probe")
+    t.start()
+    t.join(timeout)
+    return box[0] if box else TimeoutError(errno.ETIMEDOUT, f"no answer in {timeout:g} s")
+
+
+def prepare_mountpoint(mountpoint: str, *, probe_timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Make ``mountpoint`` ready to mount on: detach every dead FUSE mount stacked there;
+    raise :class:`Busy` when a FUSE mount there is alive (or hangs). Other kinds of
+    mount (a tmpfs or a container volume at the mountpoint) are left alone."""
+    detached: set[int] = set()
+    while True:
+        entries = mounts_at(mountpoint)
+        if not entries or not entries[-1].is_fuse:
+            return
+        top = entries[-1]
+        what = f"{top.fstype} from {top.source or '?'}"
+        exc = _probe(mountpoint, probe_timeout)
+        if exc is None or exc.errno not in (errno.ENOTCONN, errno.ETIMEDOUT):
+            raise Busy(f"{mountpoint} is already mounted ({what}); unmount it first "
+                       f"(s4fs umount {mountpoint}), or choose another mountpoint")
+        if exc.errno == errno.ETIMEDOUT:
+            raise Busy(f"{mountpoint} is already mounted ({what}) but its daemon did not "
+                       f"answer in {probe_timeout:g} s; if it is stuck, detach it with "
+                       f"s4fs umount --lazy {mountpoint}, then mount again")
+        if top.mount_id in detached:
+            raise Busy(f"the dead mount at {mountpoint} ({what}) is still there after a "
+                       f"lazy unmount; detach it by hand: umount -l {mountpoint}")
+        log.warning("%s is a dead FUSE mount (%s; its daemon exited); detaching it",
+                    mountpoint, what)
+        detached.add(top.mount_id)
+        unmount(mountpoint, lazy=True)
 
 
 def unmount(mountpoint: str, *, lazy: bool = False) -> None:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u"] + (["-z"] if lazy else []) + [mountpoint] if tool else \
         ["umount"] + (["-l"] if lazy else []) + [mountpoint]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise OSError(errno.ETIMEDOUT, f"could not unmount {mountpoint}: {cmd[0]} did not "
+                      "finish in 60 s") from None
     if res.returncode != 0:
         raise OSError(errno.EINVAL, f"could not unmount {mountpoint}: "
                       f"{res.stderr.strip() or res.stdout.strip()}")
@@ -58,9 +174,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
 
     from ._ops import S4Operations
 
-    if is_stale(mountpoint):
-        log.warning("%s is a stale mount (crashed daemon?); cleaning it up", mountpoint)
-        unmount(mountpoint, lazy=True)
+    prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
@@ -105,6 +219,7 @@ def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0,
     (0), or with the child's error (non-zero) if it fails first. The daemon's log goes to
     ``log_file`` (its tail is printed when the start fails)."""
     import tempfile
+    prepare_mountpoint(mountpoint)          # here too: a refusal is said plainly, at once
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "s4fs.cli", *argv, "--foreground", "--ready-fd", str(w)]
     if log_file is None:

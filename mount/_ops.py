@@ -48,6 +48,9 @@ def _fuse_errors(fn):
 
 class S4Operations(pyfuse3.Operations):
     supports_dot_lookup = True
+    # Off on purpose: with it the kernel trusts its own file sizes and never takes them
+    # from us, so a file another node changed, or a failed save whose old version stays,
+    # would show a stale size (docs/SEMANTICS.md). The spool would take any order.
     enable_writeback_cache = False
     enable_acl = False
 

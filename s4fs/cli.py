@@ -33,8 +33,26 @@ _GENERIC_MOUNT_OPTS = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser
 def _fs_config(args):
     from s4fs.fs import FsConfig
     from s4fs.ingest import IngestConfig
+    size = getattr(args, "cache_size", None)
     return FsConfig(ingest=IngestConfig(device=getattr(args, "device", None) or "cpu"),
-                    cache_dir=getattr(args, "cache_dir", None))
+                    cache_dir=getattr(args, "cache_dir", None),
+                    writeback=bool(getattr(args, "writeback", False)),
+                    decoded_cache_bytes=None if size is None else _parse_size(size))
+
+
+def _parse_size(text: str) -> int:
+    """``"20G"``, ``"512M"``, ``"0"`` (off), plain bytes."""
+    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    try:
+        return int(float(t) * mult)
+    except ValueError:
+        from s4fs.errors import InvalidArgument
+        raise InvalidArgument(f"not a size: {text!r} (use e.g. 20G, 512M, 0)") from None
 
 
 def cmd_mount(args) -> int:
@@ -55,6 +73,10 @@ def cmd_mount(args) -> int:
             argv += ["--gid", str(args.gid)]
         if args.verbose:
             argv.append("-v")
+        if args.writeback:
+            argv.append("--writeback")
+        if args.cache_size is not None:
+            argv += ["--cache-size", args.cache_size]
         log_file = args.log_file or (os.path.join(args.cache_dir, "s4fs-mount.log")
                                      if args.cache_dir else None)
         if args.cache_dir:
@@ -65,12 +87,51 @@ def cmd_mount(args) -> int:
     from s4fs.stores import open_store
     if args.cache_dir:
         os.makedirs(args.cache_dir, exist_ok=True)
+    from s4fs.mount._daemon import prepare_mountpoint
+    prepare_mountpoint(mountpoint)      # refuse a live mount before opening the store
     fs = Filesystem(open_store(args.store), _fs_config(args))
     if args.gc_interval > 0:
         from s4fs.gc import BackgroundCollector
         BackgroundCollector(fs.store, interval=args.gc_interval).start()
-    mount_foreground(fs, mountpoint, allow_other=args.allow_other, ready_fd=args.ready_fd,
-                     uid=args.uid, gid=args.gid, source=_source_url(args.store))
+    from s4fs.control import ControlServer
+    control = ControlServer(fs, mountpoint)
+    try:
+        mount_foreground(fs, mountpoint, allow_other=args.allow_other,
+                         ready_fd=args.ready_fd, uid=args.uid, gid=args.gid,
+                         source=_source_url(args.store))
+    finally:
+        control.close()
+    return 0
+
+
+def cmd_sync(args) -> int:
+    """Wait until every file the mount accepted is committed; fail naming any that
+    could not be."""
+    from s4fs.control import request
+    answer = request(args.mountpoint, "sync", timeout=None, **(
+        {"timeout": args.timeout} if args.timeout is not None else {}))
+    failed = answer.get("failed", [])
+    for f in failed:
+        print(f"s4fs sync: {f['path']} ({f['bytes']} bytes) is not committed: {f['error']} "
+              f"(tried {f['attempts']} times; its bytes are kept and retried)",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_status(args) -> int:
+    from s4fs.control import request
+    answer = request(args.mountpoint, "status", timeout=30)
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    pending = answer.get("pending", [])
+    mode = "writeback" if answer.get("writeback") else "commit on close"
+    print(f"{answer['mountpoint']}: {answer['store']} ({mode}); {len(pending)} files "
+          f"pending, {_human(sum(p['bytes'] for p in pending))}")
+    for p in pending:
+        state = f"failing ({p['attempts']} tries): {p['error']}" if p["attempts"] else \
+            "committing"
+        print(f"  {p['path']}  {_human(p['bytes'])}  {state}")
     return 0
 
 
@@ -247,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--uid", type=int, help="show files as owned by this user id")
     m.add_argument("--gid", type=int, help="show files as owned by this group id")
     m.add_argument("--log-file", help="daemon log (default: CACHE_DIR/s4fs-mount.log)")
+    m.add_argument("--writeback", action="store_true",
+                   help="close() returns once the bytes are on local disk; commits run in "
+                        "the background (journalled; `s4fs sync` waits for them)")
+    m.add_argument("--cache-size",
+                   help="disk kept for whole files just written or read (e.g. 20G; 0: "
+                        "off; default a quarter of the cache disk's free space, <= 64G)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_mount)
@@ -271,6 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("path")
     e.add_argument("dest")
     e.set_defaults(fn=cmd_export)
+    sy = sub.add_parser("sync", help="wait until a mount has committed every file")
+    sy.add_argument("mountpoint")
+    sy.add_argument("--timeout", type=float,
+                    help="give up after this many seconds (default: until each pending "
+                         "file is committed or has failed once)")
+    sy.set_defaults(fn=cmd_sync)
+    st_ = sub.add_parser("status", help="what a mount has pending")
+    st_.add_argument("mountpoint")
+    st_.add_argument("--json", action="store_true")
+    st_.set_defaults(fn=cmd_status)
     g = sub.add_parser("gc", help="free packs no file references")
     g.add_argument("store")
     g.add_argument("--dry-run", action="store_true")
@@ -324,6 +401,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd += ["--cache-dir", v]
         elif k == "device":
             cmd += ["--device", v]
+        elif k == "writeback":
+            cmd.append("--writeback")
+        elif k == "cache_size":
+            cmd += ["--cache-size", v]
         elif k in ("uid", "gid"):
             cmd += [f"--{k}", v]
         elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):

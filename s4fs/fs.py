@@ -17,6 +17,7 @@ work; it is never held while calling into a handle or the store.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat as st
@@ -36,6 +37,8 @@ from s4fs.writer import State, WriteHandle
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "ReadHandle", "State", "WriteHandle"]
 
+log = logging.getLogger("s4fs.fs")
+
 STORE_FORMAT = {"format": "s4fs-store", "version": 1}
 
 
@@ -46,7 +49,17 @@ class FsConfig:
     cache_bytes: int = 256 << 20       # decoded-chunk LRU
     metadata_ttl: float = 1.0          # how long a cached manifest/listing is trusted
     delta: bool = True                 # store checkpoints as deltas of the previous one
-    pack_cache_bytes: int = 8 << 30    # local copies of the newest packs (remote stores)
+    pack_cache_bytes: int | None = 8 << 30  # local copies of the newest packs (remote
+                                       # stores): at most this, and never more than half
+                                       # the cache disk's room; None: auto; 0: off
+    pack_cache_dir: str | None = None  # where those live; <cache_dir>/packs if None
+    # close() returns once the spool holds every byte; commits run in the background,
+    # journalled and replayed after a crash (s4fs.writer, s4fs.journal)
+    writeback: bool = False
+    # whole committed files kept for reads (s4fs.filecache); None: a quarter of the
+    # cache disk's free space, at most 64 GiB; 0: off
+    decoded_cache_bytes: int | None = None
+    close_sync_seconds: float = 30.0   # writeback: how long unmount waits for commits
 
 
 @dataclass
@@ -69,13 +82,20 @@ class Filesystem:
         self.cfg = cfg or FsConfig()
         self._own_cache = self.cfg.cache_dir is None
         self.cache_dir = self.cfg.cache_dir or tempfile.mkdtemp(prefix="s4fs-cache-")
+        self._cache_lock = _lock_cache_dir(self.cache_dir)
         self.spool_dir = os.path.join(self.cache_dir, "spool")
         os.makedirs(self.spool_dir, exist_ok=True)
         self.pack_cache = None
-        if self.cfg.pack_cache_bytes and not isinstance(store, LocalStore):
+        if self.cfg.pack_cache_bytes != 0 and not isinstance(store, LocalStore):
             from s4fs.cache import PackCache
-            self.pack_cache = PackCache(os.path.join(self.cache_dir, "packs"),
-                                        self.cfg.pack_cache_bytes)
+            self.pack_cache = PackCache(
+                self.cfg.pack_cache_dir or os.path.join(self.cache_dir, "packs"),
+                self.cfg.pack_cache_bytes)
+        self.decoded = None
+        if self.cfg.decoded_cache_bytes != 0:
+            from s4fs.filecache import DecodedCache
+            self.decoded = DecodedCache(os.path.join(self.cache_dir, "decoded"),
+                                        self.cfg.decoded_cache_bytes)
         # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate)
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
                                   device="auto", blob_cache=self.pack_cache)
@@ -86,6 +106,11 @@ class Filesystem:
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
         self._check_root()
+        from s4fs.committer import Committer
+        from s4fs.journal import Journal
+        self.journal = Journal(os.path.join(self.cache_dir, "journal"))
+        self.committer = Committer()
+        self._replay()
 
     # --- store root ------------------------------------------------------------------
 
@@ -104,13 +129,77 @@ class Filesystem:
                 f"this s4fs reads version {STORE_FORMAT['version']}: upgrade s4fs")
 
     def close(self) -> None:
+        """Unmount: a writeback mount first waits (``close_sync_seconds``) for pending
+        commits; what is still pending then stays journalled for the next start."""
+        if self.cfg.writeback and self.committer.pending():
+            self.committer.sync(timeout=self.cfg.close_sync_seconds)
         with self._lock:
             writers = list(self._writers.values())
         for w in writers:
-            w.abort()
+            w.detach()
+        self.committer.close()
         self.source.close()
+        os.close(self._cache_lock)
         if self._own_cache:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+    # --- writeback: replay, status, sync ----------------------------------------------
+
+    def _replay(self) -> None:
+        """Files a writeback mount accepted before it stopped: shown again, committed in
+        the background. Spool files nobody accepted (a crash mid-write) are removed."""
+        keep = set()
+        for e in self.journal.entries():
+            if not os.path.exists(e.spool):
+                log.error("journal entry for %r names a spool that is gone (%s); "
+                          "dropping it", e.path, e.spool)
+                self.journal.drop(e.spool)
+                continue
+            keep.add(os.path.abspath(e.spool))
+            w = WriteHandle.recovered(self, e, self._manifest_or_none(e.path, fresh=True))
+            with self._lock:
+                old = self._writers.get(e.path)
+            if old is not None:
+                old.detach()
+            with self._lock:
+                self._writers[e.path] = w
+            log.warning("replaying %r (%d bytes) accepted before the mount stopped",
+                        e.path, e.size)
+            self.committer.submit(w)
+        for name in os.listdir(self.spool_dir):
+            full = os.path.abspath(os.path.join(self.spool_dir, name))
+            if full not in keep:
+                try:
+                    os.unlink(full)
+                except OSError:
+                    pass
+
+    def pending(self) -> list[dict]:
+        """Files accepted but not yet committed (writeback), oldest first."""
+        out = []
+        for w in self.committer.pending():
+            out.append({"path": w.path, "bytes": w.size, "state": w.state.value,
+                        "attempts": w.attempts,
+                        "error": str(w.last_error) if w.last_error else None,
+                        "accepted": w.accepted_at})
+        return out
+
+    def sync(self, timeout: float | None = None) -> list[dict]:
+        """Wait for every pending commit; returns the files that could not be committed
+        (each failed at least once during the wait), empty when all are in the store."""
+        failed = self.committer.sync(timeout)
+        return [{"path": w.path, "bytes": w.size, "attempts": w.attempts,
+                 "error": str(w.last_error) if w.last_error else "still committing"}
+                for w in failed]
+
+    def make_room(self, nbytes: int) -> bool:
+        """The cache disk is full: the caches give space back (spools come first)."""
+        freed = False
+        if self.decoded is not None:
+            freed = self.decoded.make_room(nbytes) or freed
+        if self.pack_cache is not None and hasattr(self.pack_cache, "make_room"):
+            freed = bool(self.pack_cache.make_room(nbytes)) or freed
+        return freed
 
     # --- manifests -------------------------------------------------------------------
 
@@ -292,7 +381,8 @@ class Filesystem:
             w = self._writers.pop(old, None)
             if w is not None:
                 self._writers[new] = w
-                w.path = new
+        if w is not None:
+            w.moved(new)
         m = self._manifest_or_none(old, fresh=True)
         if m is not None:
             self.commit(new, m)
@@ -313,13 +403,16 @@ class Filesystem:
                 rest = obj.key[len(prefix) + len(old):]
                 self.store.put(prefix + new + rest, self.store.get(obj.key))
                 self.store.delete(obj.key)
+        moved = []
         with self._lock:
             for p in list(self._writers):
                 if p.startswith(old + "/"):
                     w = self._writers.pop(p)
-                    w.path = new + p[len(old):]
-                    self._writers[w.path] = w
+                    self._writers[new + p[len(old):]] = w
+                    moved.append((w, new + p[len(old):]))
             self._manifests.clear()
+        for w, p in moved:
+            w.moved(p)
         self.store.delete(keys.dir_key(old))
         self._known_dirs = {d for d in self._known_dirs if d != old and not d.startswith(old + "/")}
 
@@ -384,6 +477,12 @@ class Filesystem:
             if path and self._is_dir(path):
                 raise IsADirectory(f"{path!r} is a directory")
             raise NotFound(f"no file {path!r}")
+        if self.decoded is not None:
+            fd = self.decoded.open(m.id)
+            if fd is not None:
+                # written (or read whole) on this machine: the exact bytes, on local disk
+                return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
+                                  manifest=m, on_bad=lambda: self.decoded.discard(m.id))
         return ReadHandle(FileReader(m, self.source, path=path), path=path)
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
@@ -449,3 +548,17 @@ class Filesystem:
         return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
                              source=self.source, on_pack=self.pack_cache.put
                              if self.pack_cache is not None else None)
+
+
+def _lock_cache_dir(folder: str) -> int:
+    """One mount per cache dir: its spools, journal and caches are this mount's own."""
+    import fcntl
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Busy(f"the cache dir {folder} is in use by another s4fs mount (or Python "
+                   f"process); give each mount its own --cache-dir") from None
+    return fd

@@ -243,21 +243,30 @@ class FileReader:
 
 
 class ReadHandle:
-    """A read-only view of one file: a committed version, or (on the mount that writes
-    it) the spool of a file being written."""
+    """A read-only view of one file: a committed version read through the store, a
+    committed version kept whole on local disk (``staged_fd`` with its ``manifest``), or
+    — on the mount that writes it — the spool of a file being written."""
 
     def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
-                 size_fn=None, path: str = ""):
+                 size_fn=None, path: str = "", manifest: Manifest | None = None,
+                 on_bad=None):
         self._reader = reader
         self._fd = staged_fd
         self._size_fn = size_fn
+        self._m = manifest if manifest is not None else (reader.m if reader else None)
+        self._on_bad = on_bad
+        # local copies of a committed version are checked like the store's bytes: the
+        # whole-file hash, when the file is read from start to end in order
+        self._hasher = xxhash.xxh3_128() if reader is None and manifest is not None \
+            and manifest.xxh128 else None
+        self._hashed = 0
         self.path = path
         self.opened = time.monotonic()
         self.nbytes = 0
 
     @property
     def manifest(self) -> Manifest | None:
-        return self._reader.m if self._reader is not None else None
+        return self._m
 
     @property
     def size(self) -> int:
@@ -268,6 +277,7 @@ class ReadHandle:
             data = self._reader.read(offset, size)
         else:
             data = os.pread(self._fd, max(0, min(size, self._size_fn() - offset)), offset)
+            self._check(offset, data)
         self.nbytes += len(data)
         return data
 
@@ -275,10 +285,29 @@ class ReadHandle:
         if self._reader is not None:
             n = self._reader.readinto(offset, memoryview(dest).cast("B"))
         else:
-            want = max(0, min(len(dest), self._size_fn() - offset))
-            n = os.preadv(self._fd, [memoryview(dest).cast("B")[:want]], offset) if want else 0
+            mv = memoryview(dest).cast("B")
+            want = max(0, min(len(mv), self._size_fn() - offset))
+            n = os.preadv(self._fd, [mv[:want]], offset) if want else 0
+            self._check(offset, mv[:n])
         self.nbytes += n
         return n
+
+    def _check(self, offset: int, data) -> None:
+        if self._hasher is None or offset > self._hashed or \
+                offset + len(data) <= self._hashed:
+            return
+        self._hasher.update(memoryview(data)[self._hashed - offset:])
+        self._hashed = offset + len(data)
+        if self._hashed >= self._m.size:
+            ok = self._hasher.hexdigest() == self._m.xxh128
+            self._hasher = None
+            if not ok:
+                if self._on_bad is not None:
+                    self._on_bad()
+                raise ChecksumError(
+                    f"{self.path}: the local copy of this file does not match its recorded "
+                    f"hash (the cache disk corrupted it); it was dropped from the cache — "
+                    f"open the file again to read it from the store")
 
     def release(self) -> None:
         if self.nbytes:

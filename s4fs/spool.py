@@ -14,8 +14,12 @@ Contract:
   version). The ingest pipeline may consume that prefix while the file is still being
   written; writes that arrive out of order (the kernel's writeback cache reorders them)
   wait beyond the frontier until the gap before them is filled.
-* The spool file is unlinked as soon as it is created: a crash leaves nothing behind,
-  and a descriptor ``dup``'d by a reader stays valid after the spool is closed.
+* The spool is a named file (``spool-<id>``) so that a ``--writeback`` mount can journal
+  it and replay it after a crash (:mod:`s4fs.journal`), and so that a committed spool can
+  become a decoded-cache entry without a copy. ``close(remove=True)`` deletes it; a
+  descriptor ``dup``'d by a reader stays valid after that.
+* On a full disk ``write`` first calls ``make_room(nbytes)`` (the caches give space back)
+  and tries once more before it raises.
 
 Not thread-safe: its owner (:class:`s4fs.writer.WriteHandle`) serialises calls.
 """
@@ -33,27 +37,39 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Spool:
-    def __init__(self, folder: str, label: str = "") -> None:
+    def __init__(self, folder: str, label: str = "", *, make_room=None,
+                 existing: str | None = None) -> None:
         os.makedirs(folder, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=folder, prefix="spool-")
-        os.unlink(name)
+        if existing is None:
+            fd, name = tempfile.mkstemp(dir=folder, prefix="spool-")
+        else:
+            name = existing
+            fd = os.open(name, os.O_RDWR)
         self.fd = fd
+        self.name = name
         self.label = label
-        self.size = 0
-        self.frontier = 0
+        self.make_room = make_room
+        self.size = os.fstat(fd).st_size
+        self.frontier = self.size                 # a replayed spool is written through
         self._islands: list[list[int]] = []      # written [start, end) past the frontier
+
+    @classmethod
+    def reopen(cls, name: str, label: str = "", *, make_room=None) -> "Spool":
+        """The spool of a file accepted before a crash (``--writeback`` journal)."""
+        return cls(os.path.dirname(name), label, make_room=make_room, existing=name)
 
     # --- bytes in --------------------------------------------------------------------
 
     def write(self, offset: int, data) -> int:
         n = len(data)
         try:
-            done = os.pwrite(self.fd, data, offset)
-            while done < n:        # a short pwrite on a nearly full disk: finish or fail
-                more = os.pwrite(self.fd, memoryview(data)[done:], offset + done)
-                if more == 0:
-                    raise OSError(errno.ENOSPC, "no space left on device")
-                done += more
+            try:
+                self._pwrite_all(data, offset)
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE or self.make_room is None \
+                        or not self.make_room(n + (64 << 20)):
+                    raise
+                self._pwrite_all(data, offset)     # the caches gave room back: once more
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise NoSpace(
@@ -64,6 +80,15 @@ class Spool:
         self.size = max(self.size, offset + n)
         self._mark(offset, offset + n)
         return n
+
+    def _pwrite_all(self, data, offset: int) -> None:
+        n = len(data)
+        done = os.pwrite(self.fd, data, offset)
+        while done < n:            # a short pwrite on a nearly full disk: finish or fail
+            more = os.pwrite(self.fd, memoryview(data)[done:], offset + done)
+            if more == 0:
+                raise OSError(errno.ENOSPC, "no space left on device")
+            done += more
 
     def truncate(self, size: int) -> None:
         try:
@@ -114,7 +139,13 @@ class Spool:
     def dup(self) -> int:
         return os.dup(self.fd)
 
-    def close(self) -> None:
+    def close(self, *, remove: bool = True) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if remove and self.name:
+            try:
+                os.unlink(self.name)
+            except FileNotFoundError:
+                pass
+            self.name = ""

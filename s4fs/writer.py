@@ -8,25 +8,32 @@ pack durable) and :meth:`Filesystem.commit` writes the manifest, the one atomic 
 
 States (``WriteHandle.state``)::
 
-    STREAMING --flush/fsync/last release--> COMMITTING --ok--> COMMITTED
-        ^                                       |                 |
-        +--------------- a later write ---------+-----------------+
+    STREAMING --accept--> SPOOLED --background commit--> COMMITTED   (--writeback only)
+    STREAMING --commit--> COMMITTING --ok--> COMMITTED
+    COMMITTED / SPOOLED --a later write--> STREAMING
     any state --error--> FAILED (sticky: every later call raises it; nothing is committed)
-    last release --> CLOSED
+    last release, nothing left to commit --> CLOSED
 
 When a file is committed (docs/SEMANTICS.md):
 
-* ``fsync`` of any descriptor, and the **last release** (the kernel's last close of the
-  last descriptor), commit what the spool holds.
+* ``fsync`` of any descriptor commits what the spool holds, now, in both modes.
 * ``flush`` (every ``close()`` of a descriptor, including one inherited by a forked child
-  or made by ``dup``) commits only if the file **looks complete** for its format
+  or made by ``dup``) acts only if the file **looks complete** for its format
   (:func:`s4fs.parse.looks_complete`: a torch zip whose end record is written, a
   safetensors file as long as its header says; files of other formats always look
   complete). A child closing its copy of the descriptor of a half-written checkpoint
-  therefore commits nothing, and ``torch.save``'s own close commits before it returns.
-* Any error — the cache disk full, a pack upload that failed after its retries, a codec
-  error — fails the handle: the write or close that sees it raises, and the previous
-  version of the file stays. Nothing is ever committed from a failed handle.
+  therefore commits nothing.
+* The **last release** (the kernel's last close of the last descriptor) acts on whatever
+  the spool holds.
+* "Acts" means, by default: commit before ``close()`` returns (after ``torch.save``
+  returns, the checkpoint is in the store). With ``--writeback``: *accept* — journal the
+  spool (:mod:`s4fs.journal`) and return; the :class:`~s4fs.committer.Committer` commits
+  in the background, retrying failures for as long as it takes; the file is listed and
+  read from its spool meanwhile.
+* Any error before a file is accepted — the cache disk full, or (default mode) a pack
+  upload that failed after its retries, a codec error — fails the handle: the write or
+  close that sees it raises, and the previous version of the file stays. Nothing is ever
+  committed from a failed handle. After acceptance (writeback) errors are retried.
 
 Locking: the handle's lock is taken after the filesystem's, never before — nothing here
 calls into :class:`~s4fs.fs.Filesystem` while holding the handle lock except ``commit``
@@ -57,6 +64,7 @@ _STEP = 4 << 20           # bytes the ingest thread reads from the spool at a ti
 
 class State(enum.Enum):
     STREAMING = "streaming"      # bytes not yet committed; ingest runs behind the writes
+    SPOOLED = "spooled"          # close() accepted it (writeback): waiting for its commit
     COMMITTING = "committing"
     COMMITTED = "committed"      # the store holds exactly what the spool holds
     FAILED = "failed"
@@ -67,7 +75,8 @@ class WriteHandle:
     """One file open for writing on this mount, shared by every descriptor open on it."""
 
     def __init__(self, fs: "Filesystem", path: str, mode: int, *,
-                 initial: Manifest | None, previous: Manifest | None) -> None:
+                 initial: Manifest | None, previous: Manifest | None,
+                 spool: Spool | None = None) -> None:
         self.fs, self.path, self.mode = fs, path, mode
         self.mtime = time.time()
         self.opened = time.monotonic()
@@ -75,9 +84,13 @@ class WriteHandle:
         self.refs = 1
         self.error: BaseException | None = None
         self.state = State.STREAMING
+        self.writeback = fs.cfg.writeback
+        self.attempts = 0                 # failed background commits of this version
+        self.last_error: BaseException | None = None
+        self.accepted_at = 0.0
         self._orphaned = False            # unlinked while open: commit nothing
         self._cond = threading.Condition(threading.RLock())
-        self.spool = Spool(fs.spool_dir, path)
+        self.spool = spool or Spool(fs.spool_dir, path, make_room=fs.make_room)
         # background ingest of the spool's written prefix
         self._session: IngestSession | None = None
         self._ingested = 0                # spool bytes the session has consumed
@@ -85,10 +98,12 @@ class WriteHandle:
         self._stream_ok = True            # False once bytes it consumed were rewritten
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._same_bytes = False          # the spool holds exactly ``previous``'s bytes
         try:
             if initial is not None:
                 self._fill_from(initial)
                 self.state = State.COMMITTED      # nothing new yet
+                self._same_bytes = True
         except BaseException:
             self.spool.close()
             raise
@@ -177,11 +192,26 @@ class WriteHandle:
                 self.mtime = mtime
                 self._touch(mtime=False)
 
+    @classmethod
+    def recovered(cls, fs: "Filesystem", entry, previous: Manifest | None) -> "WriteHandle":
+        """A file accepted before the daemon stopped (writeback journal): shown again at
+        once, committed in the background."""
+        spool = Spool.reopen(entry.spool, entry.path, make_room=fs.make_room)
+        w = cls(fs, entry.path, entry.mode, initial=None, previous=previous, spool=spool)
+        w.mtime = entry.mtime
+        w.refs = 0
+        w.state = State.SPOOLED
+        w.accepted_at = entry.accepted
+        return w
+
     def _touch(self, *, mtime: bool = True) -> None:
+        """Something changed: the file has a new version to commit. ``mtime=False``:
+        only its mode or times changed (the bytes are still the last committed ones)."""
         if self.state is not State.STREAMING:
             self.state = State.STREAMING
         if mtime:
             self.mtime = time.time()
+            self._same_bytes = False
 
     def _check(self) -> None:
         if self.error is not None:
@@ -190,25 +220,61 @@ class WriteHandle:
     # --- commit ----------------------------------------------------------------------
 
     def flush(self) -> None:
-        """A descriptor is closed: commit if the file looks complete (module docstring).
-        Raises the handle's error, if any."""
+        """A descriptor is closed: commit (or, writeback, accept) if the file looks
+        complete (module docstring). Raises the handle's error, if any."""
         with self._cond:
             self._check()
             if self.state is not State.STREAMING or self._orphaned:
                 return
             if not looks_complete(self.spool.read, self.spool.size):
-                return                 # a half-written checkpoint: the last release commits
-            self._commit()
+                return                 # a half-written checkpoint: the last release acts
+            self._act()
 
     def fsync(self) -> None:
-        """Commit now, whatever the file looks like. Raises the handle's error, if any."""
+        """Commit now, whatever the file looks like, in both modes; raises if it fails."""
         with self._cond:
             self._check()
-            if self.state is State.STREAMING and not self._orphaned:
+            if self._orphaned or self.state not in (State.STREAMING, State.SPOOLED):
+                return
+            if not self.writeback:
+                self._commit_or_fail()
+                return
+            try:
                 self._commit()
+            except BaseException as exc:
+                self._retry_later(exc)         # the accepted bytes stay pending
+                raise
+
+    def _act(self) -> None:
+        if self.writeback:
+            self._accept()
+        else:
+            self._commit_or_fail()
+
+    def _accept(self) -> None:
+        """Writeback: the spool holds every byte; journal it, queue its commit, return."""
+        from s4fs.journal import Entry
+        self.accepted_at = time.time()
+        self.fs.journal.record(Entry(self.path, self.spool.name, self.mode, self.mtime,
+                                     self.spool.size, self.accepted_at))
+        self.state = State.SPOOLED
+        self.fs.committer.submit(self)
+
+    def _commit_or_fail(self) -> None:
+        try:
+            self._commit()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
 
     def _commit(self) -> None:
+        """Commit the spool as it is now. Raises on failure, leaving the handle as it was
+        (its session aborted): the caller fails it or retries."""
+        before = self.state
         self.state = State.COMMITTING
+        if self._same_bytes and self.previous is not None:
+            self._commit_attrs(before)
+            return
         try:
             self._stop_ingest()
             self._check()
@@ -228,17 +294,76 @@ class WriteHandle:
                 s.abort()
                 raise
             self.fs.commit(self.path, m)
-        except BaseException as exc:
-            self._fail(exc)
+        except BaseException:
+            if self.state is State.COMMITTING:
+                self.state = before
+            self._ingested = self._claimed = 0
+            self._stream_ok = False            # the next try ingests the whole spool
+            self._stop = False
             raise
+        self._committed(m)
+
+    def _commit_attrs(self, before: State) -> None:
+        """Only mode or times changed since the last commit: a new manifest for the same
+        chunks (no re-ingest)."""
+        import dataclasses
+        m = dataclasses.replace(self.previous, mode=self.mode, mtime=self.mtime)
+        try:
+            self.fs.commit(self.path, m)
+        except BaseException:
+            self.state = before
+            raise
+        self._committed(m)
+
+    def _committed(self, m: Manifest) -> None:
         self.previous = m
         self.state = State.COMMITTED
+        self._same_bytes = True
+        if self.accepted_at:
+            self.fs.journal.drop(self.spool.name)
+            self.accepted_at = 0.0
+        self.attempts = 0
+        self.last_error = None
         # a later write starts a new version, ingested afresh from the whole spool
         self._ingested = self._claimed = 0
         self._stream_ok = True
         self._stop = False
         metrics.observe_save(self.path, m.size, m.stored_bytes(),
                              time.monotonic() - self.opened)
+
+    def _retry_later(self, exc: BaseException) -> None:
+        self.attempts += 1
+        self.last_error = exc
+        metrics.observe_error(type(exc).__name__)
+        if self.state is not State.STREAMING:
+            self.state = State.SPOOLED
+        self.fs.committer.submit(self)
+
+    def background_commit(self) -> bool:
+        """Called by the committer. True when nothing is left to do for this handle."""
+        with self._cond:
+            if self._orphaned or self.state in (State.FAILED, State.CLOSED):
+                self._maybe_close()
+                return True
+            if self.state is not State.SPOOLED:
+                # committed by an fsync meanwhile, or written again since it was
+                # accepted (then the next accept queues it anew)
+                if self.state is State.COMMITTED:
+                    self._maybe_close()
+                return True
+            try:
+                self._commit()
+            except BaseException as exc:
+                self.attempts += 1
+                self.last_error = exc
+                metrics.observe_error(type(exc).__name__)
+                return False
+            self._maybe_close()
+            return True
+
+    def _maybe_close(self) -> None:
+        if self.refs <= 0 and self.state is not State.CLOSED:
+            self._close()
 
     def _feed(self, s: IngestSession, lo: int, hi: int) -> None:
         while lo < hi:
@@ -256,6 +381,9 @@ class WriteHandle:
             self.error = exc
             metrics.observe_error(type(exc).__name__)
         self.state = State.FAILED
+        if self.accepted_at:           # its spool goes with it: nothing left to replay
+            self.fs.journal.drop(self.spool.name)
+            self.accepted_at = 0.0
         if self._session is not None:
             self._session.abort()
             self._session = None
@@ -304,7 +432,15 @@ class WriteHandle:
                     self._claimed = self._ingested
         except BaseException as exc:       # a failed upload, a codec error, ...
             with self._cond:
-                self._fail(exc)
+                if self.writeback:
+                    # the commit ingests the spool again, and retries until it works
+                    if self._session is not None:
+                        self._session.abort()
+                        self._session = None
+                    self._stream_ok = False
+                    self.last_error = exc
+                else:
+                    self._fail(exc)
         finally:
             with self._cond:
                 self._thread = None
@@ -324,16 +460,26 @@ class WriteHandle:
     # --- closing ---------------------------------------------------------------------
 
     def release(self) -> None:
-        """One descriptor is gone for good; the last one commits what is left."""
+        """One descriptor is gone for good; the last one acts on what is left."""
         with self._cond:
             self.refs -= 1
             if self.refs > 0:
                 return
-            try:
-                if self.state is State.STREAMING and self.error is None \
-                        and not self._orphaned:
-                    self._commit()
-            finally:
+            if self.state is State.STREAMING and self.error is None and not self._orphaned:
+                if self.writeback:
+                    try:
+                        self._accept()
+                    except BaseException as exc:
+                        self._fail(exc)
+                        self._close()
+                        raise
+                    return                     # the committer closes it once committed
+                try:
+                    self._commit_or_fail()
+                finally:
+                    self._close()
+                return
+            if self.state is not State.SPOOLED or self._orphaned:
                 self._close()
 
     def abort(self) -> None:
@@ -345,6 +491,34 @@ class WriteHandle:
         """The path was unlinked while open: keep accepting writes, commit nothing."""
         with self._cond:
             self._orphaned = True
+            if self.accepted_at:
+                self.fs.journal.drop(self.spool.name)
+                self.accepted_at = 0.0
+
+    def moved(self, path: str) -> None:
+        """The path was renamed while open (or pending)."""
+        with self._cond:
+            self.path = path
+            self.spool.label = path
+            if self.accepted_at:
+                from s4fs.journal import Entry
+                self.fs.journal.record(Entry(path, self.spool.name, self.mode, self.mtime,
+                                             self.spool.size, self.accepted_at))
+
+    def detach(self) -> None:
+        """The mount is going away: stop, but keep an accepted file's spool and journal
+        entry for the next start to replay."""
+        with self._cond:
+            if self.state is State.SPOOLED and not self._orphaned:
+                self._stop_ingest()
+                if self._session is not None:
+                    self._session.abort()
+                    self._session = None
+                self.spool.close(remove=False)
+                self.state = State.CLOSED
+                self.fs._release_writer(self)
+            else:
+                self._close()
 
     def _close(self) -> None:
         self._stop_ingest()
@@ -352,6 +526,13 @@ class WriteHandle:
             self._session.abort()
             self._session = None
         if self.state is not State.FAILED:
+            committed = self.state is State.COMMITTED and self.previous is not None
             self.state = State.CLOSED
-        self.spool.close()
+        else:
+            committed = False
+        if committed and self.fs.decoded is not None and not self._orphaned:
+            # the spool holds exactly the committed version: keep it as a read cache
+            self.fs.decoded.adopt(self.previous.id, self.spool)
+        else:
+            self.spool.close()
         self.fs._release_writer(self)

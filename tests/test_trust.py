@@ -336,6 +336,8 @@ def test_missing_pack_reads_as_eio_not_enoent(mount_factory, tmp_path):
     s = LocalStore(store)
     for obj in list(s.list(keys.PACKS)):
         s.delete(obj.key)
+    m.cache = str(tmp_path / "cache-empty")       # a fresh mount: nothing cached locally
+    os.makedirs(m.cache)
     m.start()
     assert os.path.exists(path)
     with pytest.raises(Exception) as err:

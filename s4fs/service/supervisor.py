@@ -110,7 +110,9 @@ class MountProcess:
         return None if self.proc is None else self.proc.poll()
 
     def start(self) -> None:
-        if is_stale(self.mountpoint):
+        for _ in range(8):                 # dead mounts may be stacked: clear them all
+            if not is_stale(self.mountpoint):
+                break
             log.warning("%s is a dead FUSE mount left by a crashed daemon; detaching it",
                         self.mountpoint)
             ok, said = unmount(self.mountpoint, lazy=True)

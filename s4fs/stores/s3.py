@@ -61,6 +61,28 @@ class S3Options:
 
     Region, profile and credentials default to boto3's standard chain (environment,
     shared config/credentials files, SSO, container and instance roles).
+
+    Timeouts and retries. The defaults fail a call — and so a save — within about a
+    minute of a store that stopped answering, and still ride out throttling:
+
+    * ``connect_timeout`` (5 s) bounds opening a connection and, because urllib3 sends
+      the request under it, any stall while the body is being sent: it is an idle limit
+      per block of 16 KiB, not a limit on the whole upload, so a 32 MiB pack on a slow
+      link is fine as long as bytes keep moving.
+    * ``read_timeout`` (20 s) bounds each wait for the answer once the request is
+      sent. It also covers the tail of an upload still draining from the kernel's send
+      buffer (at most 4 MiB on Linux: about 17 s at 2 Mbit/s), plus the store's own time
+      to acknowledge a put.
+    * Throttling, 5xx, dropped connections and timeouts are retried with exponential
+      backoff and full jitter (``backoff_base`` 0.1 s doubled per retry, at most
+      ``backoff_max`` 10 s) up to ``max_attempts`` (10) tries, and no retry starts after
+      ``retry_seconds`` (30 s) of the call. The attempt in flight at that moment is not
+      cut short, so a call against a silent endpoint gives up after at most
+      ``retry_seconds + connect_timeout + read_timeout`` plus about one second (botocore
+      waits up to 1 s for ``100 Continue`` before sending a put's body): about 56 s.
+      An unreachable endpoint (connection refused) fails within ``retry_seconds``.
+    * A single attempt that keeps making progress (a large upload on a slow link) is
+      never interrupted: the timeouts are idle limits.
     """
 
     endpoint_url: str | None = None       # any S3-compatible endpoint; None = AWS
@@ -71,11 +93,11 @@ class S3Options:
     addressing_style: str | None = None   # "path", "virtual" or None (botocore's choice)
     # retry budget of one store call: whichever of attempts and seconds runs out first
     max_attempts: int = 10                # tries per call, the first one included
-    retry_seconds: float = 120.0          # time per call, sleeps included
+    retry_seconds: float = 30.0           # no retry starts later than this into a call
     backoff_base: float = 0.1             # first backoff ceiling, doubled per retry
-    backoff_max: float = 20.0             # largest backoff ceiling
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
+    backoff_max: float = 10.0             # largest backoff ceiling
+    connect_timeout: float = 5.0          # idle limit: connecting, sending the request
+    read_timeout: float = 20.0            # idle limit: waiting for and reading the answer
     max_pool_connections: int = 32        # the ingest pipeline puts from a thread pool
     multipart_threshold: int = 64 * MiB   # puts larger than this use multipart upload
     part_size: int = 16 * MiB             # S3 needs >= 5 MiB for every part but the last
@@ -94,6 +116,8 @@ class S3Options:
             raise InvalidArgument("max_attempts must be >= 1 and retry_seconds >= 0")
         if self.backoff_base < 0 or self.backoff_max < 0:
             raise InvalidArgument("backoff_base and backoff_max must be >= 0")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0):
+            raise InvalidArgument("connect_timeout and read_timeout must be > 0 seconds")
         if self.part_size < 1 or self.multipart_threshold < 1 or self.list_page_size < 1:
             raise InvalidArgument("part_size, multipart_threshold and list_page_size "
                                   "must be positive")
@@ -327,6 +351,10 @@ class S3Store(Store):
                         "parallel uploads, or raise max_attempts/retry_seconds.")
         if f.kind == _TRANSIENT_KIND:
             endpoint = self.options.endpoint_url or "AWS S3"
+            if f.code in ("ConnectTimeoutError", "ReadTimeoutError"):
+                tried += (f" (no answer within connect_timeout="
+                          f"{self.options.connect_timeout:g} s / read_timeout="
+                          f"{self.options.read_timeout:g} s)")
             return StoreUnavailable(f"{what}; {tried}. Check the network and that "
                                     f"{endpoint} is reachable and healthy.")
         if f.code == "NoSuchBucket":

@@ -1,0 +1,127 @@
+"""The decoded cache: whole files, exactly as committed, kept on local disk for reads.
+
+When a file written on this mount is committed and closed, its spool holds exactly the
+bytes of that version; instead of deleting it, the mount keeps it here under the
+version's manifest id, so reading a checkpoint soon after writing it (resume, evaluation,
+``cp``) costs a local ``pread``, not a fetch and a decode. Entries survive a remount (the
+name is the version id, so a newer version of the file never matches an old entry).
+
+Contract: ``adopt(id, spool)`` takes ownership of a closed-over spool file;
+``open(id)`` returns a new read-only descriptor or None; the total size stays within
+``max_bytes`` (least recently used entries go first); ``make_room(n)`` evicts until ``n``
+bytes are free on the disk or nothing is left, and returns whether it freed anything.
+Bytes served from here are checked against the manifest's whole-file hash when a file is
+read from start to end (as reads from the store are); an entry that fails that check is
+dropped. ``max_bytes`` 0 turns the cache off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections import OrderedDict
+
+log = logging.getLogger("s4fs.filecache")
+
+
+def default_budget(folder: str) -> int:
+    """A quarter of the cache disk's free space, at most 64 GiB."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+    return min(64 << 30, free // 4)
+
+
+class DecodedCache:
+    def __init__(self, folder: str, max_bytes: int | None = None) -> None:
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+        self.max_bytes = default_budget(folder) if max_bytes is None else max_bytes
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        entries = []
+        for name in os.listdir(folder):
+            full = os.path.join(folder, name)
+            if name.startswith(".") or not os.path.isfile(full):
+                continue
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            entries.append((st.st_atime, name, st.st_size))
+        for _, name, size in sorted(entries):
+            self._lru[name] = size
+        self._trim(0)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(self._lru.values())
+
+    def _path(self, vid: str) -> str:
+        return os.path.join(self.folder, vid)
+
+    def adopt(self, vid: str, spool) -> None:
+        """Keep ``spool`` (an s4fs.spool.Spool of exactly version ``vid``) as an entry."""
+        size = spool.size
+        name = spool.name
+        spool.close(remove=False)
+        if not self.max_bytes or size > self.max_bytes or not vid or "/" in vid:
+            _unlink(name)
+            return
+        try:
+            os.replace(name, self._path(vid))
+        except OSError as exc:
+            log.warning("could not keep %s in the decoded cache: %s", name, exc)
+            _unlink(name)
+            return
+        with self._lock:
+            self._lru[vid] = size
+            self._lru.move_to_end(vid)
+        self._trim(0)
+
+    def open(self, vid: str) -> int | None:
+        with self._lock:
+            if vid not in self._lru:
+                return None
+            self._lru.move_to_end(vid)
+        try:
+            return os.open(self._path(vid), os.O_RDONLY)
+        except OSError:
+            self.discard(vid)
+            return None
+
+    def discard(self, vid: str) -> None:
+        with self._lock:
+            self._lru.pop(vid, None)
+        _unlink(self._path(vid))
+
+    def _trim(self, need_free: int) -> bool:
+        freed = False
+        while True:
+            with self._lock:
+                total = sum(self._lru.values())
+                over = total > self.max_bytes
+                if not over and need_free:
+                    try:
+                        over = shutil.disk_usage(self.folder).free < need_free
+                    except OSError:
+                        over = False
+                if not over or not self._lru:
+                    return freed
+                vid, _ = self._lru.popitem(last=False)
+            _unlink(self._path(vid))
+            freed = True
+
+    def make_room(self, nbytes: int) -> bool:
+        return self._trim(nbytes)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
