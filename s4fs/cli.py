@@ -108,8 +108,7 @@ def cmd_sync(args) -> int:
     """Wait until every file the mount accepted is committed; fail naming any that
     could not be."""
     from s4fs.control import request
-    answer = request(args.mountpoint, "sync", timeout=None, **(
-        {"timeout": args.timeout} if args.timeout is not None else {}))
+    answer = request(args.mountpoint, "sync", timeout=args.timeout)
     failed = answer.get("failed", [])
     for f in failed:
         print(f"s4fs sync: {f['path']} ({f['bytes']} bytes) is not committed: {f['error']} "
@@ -120,7 +119,7 @@ def cmd_sync(args) -> int:
 
 def cmd_status(args) -> int:
     from s4fs.control import request
-    answer = request(args.mountpoint, "status", timeout=30)
+    answer = request(args.mountpoint, "status", wait=30)
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0

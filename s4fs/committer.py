@@ -42,6 +42,7 @@ class Committer:
             if w not in self._queue:
                 self._queue.append(w)
             self._due[id(w)] = 0.0
+            self._report()
             self._cond.notify_all()
 
     def pending(self) -> list["WriteHandle"]:
@@ -73,7 +74,13 @@ class Committer:
                     self._due[id(w)] = time.monotonic() + delay
                     log.error("commit of %r failed (attempt %d, next in %.0f s): %s",
                               w.path, w.attempts, delay, w.last_error)
+                self._report()
                 self._cond.notify_all()
+
+    def _report(self) -> None:
+        from s4fs import metrics
+        q = self._queue
+        metrics.set_pending(len(q), sum(w.size for w in q), sum(1 for w in q if w.attempts))
 
     def sync(self, timeout: float | None = None) -> list["WriteHandle"]:
         """Wait until every handle queued now is committed, or has failed at least once

@@ -90,11 +90,12 @@ class ControlServer:
             pass
 
 
-def request(mountpoint: str, op: str, timeout: float | None = None, **fields) -> dict:
-    """Ask the mount at ``mountpoint``; NotFound when no s4fs mount answers there."""
+def request(mountpoint: str, op: str, *, wait: float | None = None, **fields) -> dict:
+    """Ask the mount at ``mountpoint`` (waiting at most ``wait`` seconds for the answer;
+    None: as long as it takes); NotFound when no s4fs mount answers there."""
     path = socket_path(mountpoint)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+    s.settimeout(wait)
     try:
         s.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):

@@ -98,6 +98,20 @@ def uploads_finished(n: int = 1) -> None:
             log.debug("uploads_finished failed", exc_info=True)
 
 
+def set_pending(files: int, nbytes: int, failing: int) -> None:
+    """Writeback: files accepted by close() but not committed yet, their bytes, and how
+    many of them have failed to commit at least once."""
+    m = _get()
+    if m is None:
+        return
+    try:
+        m.pending_files.set(files)
+        m.pending_bytes.set(nbytes)
+        m.failing_commits.set(failing)
+    except Exception:
+        log.debug("set_pending failed", exc_info=True)
+
+
 def observe_error(kind: str) -> None:
     """Count one error of ``kind`` (a short word such as ``"upload"``, ``"checksum"``)."""
     m = _get()
@@ -190,6 +204,14 @@ _SPEC = [
     ("uploads", "gauge", "uploads_in_flight",
      "Chunk uploads started and not yet finished", {"multiprocess_mode": "livesum"}),
     ("errors", "counter", "errors", "Errors by kind", {"labelnames": ["kind"]}),
+    ("pending_files", "gauge", "pending_commit_files",
+     "Files accepted by close() (writeback) and not yet committed",
+     {"multiprocess_mode": "livesum"}),
+    ("pending_bytes", "gauge", "pending_commit_bytes",
+     "Bytes of the files accepted and not yet committed", {"multiprocess_mode": "livesum"}),
+    ("failing_commits", "gauge", "failing_commits",
+     "Pending files whose commit failed at least once (retried)",
+     {"multiprocess_mode": "livesum"}),
 ]
 
 

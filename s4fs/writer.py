@@ -126,6 +126,7 @@ class WriteHandle:
         """Another descriptor opens this file; False if the handle has already closed
         (the caller then opens a new one)."""
         with self._cond:
+            self._wait_commit()
             if self.state in (State.CLOSED, State.FAILED):
                 return False
             self.refs += 1
@@ -145,6 +146,7 @@ class WriteHandle:
 
     def write(self, offset: int, data) -> int:
         with self._cond:
+            self._wait_commit()
             self._check()
             if offset < self._claimed:
                 self._stream_ok = False           # rewrites bytes ingest already took
@@ -169,6 +171,7 @@ class WriteHandle:
 
     def truncate(self, size: int) -> None:
         with self._cond:
+            self._wait_commit()
             self._check()
             if size == self.spool.size:
                 return
@@ -183,6 +186,7 @@ class WriteHandle:
 
     def set_attrs(self, *, mode=None, mtime=None, size=None) -> None:
         with self._cond:
+            self._wait_commit()
             if size is not None:
                 self.truncate(size)
             if mode is not None:
@@ -213,6 +217,12 @@ class WriteHandle:
             self.mtime = time.time()
             self._same_bytes = False
 
+    def _wait_commit(self) -> None:
+        """A commit releases the lock while it waits for the ingest thread; nothing may
+        change the handle meanwhile (the commit must be of one consistent spool)."""
+        while self.state is State.COMMITTING:
+            self._cond.wait()
+
     def _check(self) -> None:
         if self.error is not None:
             raise self.error
@@ -223,6 +233,7 @@ class WriteHandle:
         """A descriptor is closed: commit (or, writeback, accept) if the file looks
         complete (module docstring). Raises the handle's error, if any."""
         with self._cond:
+            self._wait_commit()
             self._check()
             if self.state is not State.STREAMING or self._orphaned:
                 return
@@ -233,6 +244,7 @@ class WriteHandle:
     def fsync(self) -> None:
         """Commit now, whatever the file looks like, in both modes; raises if it fails."""
         with self._cond:
+            self._wait_commit()
             self._check()
             if self._orphaned or self.state not in (State.STREAMING, State.SPOOLED):
                 return
@@ -270,6 +282,12 @@ class WriteHandle:
     def _commit(self) -> None:
         """Commit the spool as it is now. Raises on failure, leaving the handle as it was
         (its session aborted): the caller fails it or retries."""
+        try:
+            self._commit_inner()
+        finally:
+            self._cond.notify_all()         # wake calls waiting in _wait_commit
+
+    def _commit_inner(self) -> None:
         before = self.state
         self.state = State.COMMITTING
         if self._same_bytes and self.previous is not None:
@@ -342,6 +360,7 @@ class WriteHandle:
     def background_commit(self) -> bool:
         """Called by the committer. True when nothing is left to do for this handle."""
         with self._cond:
+            self._wait_commit()
             if self._orphaned or self.state in (State.FAILED, State.CLOSED):
                 self._maybe_close()
                 return True
@@ -462,6 +481,7 @@ class WriteHandle:
     def release(self) -> None:
         """One descriptor is gone for good; the last one acts on what is left."""
         with self._cond:
+            self._wait_commit()
             self.refs -= 1
             if self.refs > 0:
                 return
@@ -485,11 +505,13 @@ class WriteHandle:
     def abort(self) -> None:
         """Give up this version (the Python API after an exception): nothing commits."""
         with self._cond:
+            self._wait_commit()
             self._close()
 
     def orphan(self) -> None:
         """The path was unlinked while open: keep accepting writes, commit nothing."""
         with self._cond:
+            self._wait_commit()
             self._orphaned = True
             if self.accepted_at:
                 self.fs.journal.drop(self.spool.name)
@@ -498,6 +520,7 @@ class WriteHandle:
     def moved(self, path: str) -> None:
         """The path was renamed while open (or pending)."""
         with self._cond:
+            self._wait_commit()
             self.path = path
             self.spool.label = path
             if self.accepted_at:
@@ -509,6 +532,7 @@ class WriteHandle:
         """The mount is going away: stop, but keep an accepted file's spool and journal
         entry for the next start to replay."""
         with self._cond:
+            self._wait_commit()
             if self.state is State.SPOOLED and not self._orphaned:
                 self._stop_ingest()
                 if self._session is not None:

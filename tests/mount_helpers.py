@@ -32,6 +32,16 @@ class Mount:
     cache: str
     extra: tuple = ()
 
+    @property
+    def writeback(self) -> bool:
+        return "--writeback" in self.extra
+
+    def sync(self) -> None:
+        """Wait until the mount has committed everything (a no-op without writeback)."""
+        res = subprocess.run([sys.executable, "-m", "s4fs.cli", "sync", self.path],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"s4fs sync failed: {res.stderr}"
+
     def daemon_pids(self) -> list[int]:
         import re
         pattern = re.escape(f"s4fs.cli mount {self.store} {self.path}")
@@ -139,11 +149,14 @@ def s3_url(request, prefix: str = "mnt") -> str:
     return f"s3://{bucket}/{prefix}?endpoint_url={endpoint}"
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(params=["local", "local-writeback", pytest.param("s3", marks=pytest.mark.s3)])
 def mounted(request, mount_factory) -> Mount:
-    """A mount on a LocalStore, and again on an S3Store (loopback S3 server)."""
+    """A mount on a LocalStore (in both commit modes), and on an S3Store (loopback S3
+    server)."""
     if request.param == "s3":
         return mount_factory(store=s3_url(request))
+    if request.param == "local-writeback":
+        return mount_factory(extra=["--writeback"])
     return mount_factory()
 
 

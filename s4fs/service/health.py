@@ -173,6 +173,24 @@ def mount_probe(mountpoint: str) -> Callable[[], str]:
     return probe
 
 
+def commits_probe(mountpoint: str) -> Callable[[], str]:
+    """Healthy unless the mount has accepted files whose commit keeps failing
+    (``--writeback``): those are on local disk only until the store takes them."""
+    def probe() -> str:
+        from s4fs.control import request
+        answer = request(mountpoint, "status", wait=5)
+        pending = answer.get("pending", [])
+        failing = [p for p in pending if p.get("attempts")]
+        if failing:
+            first = failing[0]
+            raise RuntimeError(
+                f"{len(failing)} of {len(pending)} pending files cannot be committed (e.g. "
+                f"{first['path']}: {first['error']}); their bytes are kept on local disk "
+                f"and retried — fix the store, then `s4fs sync {mountpoint}`")
+        return f"{len(pending)} files pending commit"
+    return probe
+
+
 def store_probe(store_or_url) -> Callable[[], str]:
     """Healthy when the store answers a listing of an empty prefix (one cheap request;
     permitted by a role limited to the store's prefix). A URL is opened on first use and

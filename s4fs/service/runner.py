@@ -140,7 +140,8 @@ class _Runner:
     def _serve(self, codec, entitlement) -> int:
         from s4fs import metrics
 
-        from .health import Health, HealthServer, ProbeCheck, mount_probe, store_probe
+        from .health import (Health, HealthServer, ProbeCheck, commits_probe, mount_probe,
+                             store_probe)
         from .supervisor import MountError, MountProcess, mount_argv, sd_notify
 
         cfg = self.cfg
@@ -148,6 +149,7 @@ class _Runner:
         metrics.serve_directory(metrics_dir)
         health = Health([ProbeCheck("mount", mount_probe(cfg.mountpoint)),
                          ProbeCheck("store", store_probe(cfg.store)),
+                         ProbeCheck("commits", commits_probe(cfg.mountpoint)),
                          codec, entitlement])
         try:
             self.server = HealthServer(health, cfg.health.address, cfg.health.port).start()

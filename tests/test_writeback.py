@@ -1,0 +1,181 @@
+"""--writeback mounts: close() returns once the spool holds the bytes; commits run in the
+background, journalled, retried, replayed after a crash; `s4fs sync` / `s4fs status`."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from s4fs import keys
+from s4fs.errors import NotFound
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.stores import LocalStore, open_store
+
+from mount_helpers import FaultProxyProcess, s3_url
+
+pytestmark = pytest.mark.fuse
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def torch_bytes(sd) -> bytes:
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
+def committed(store_url: str, path: str) -> bytes | None:
+    """The file as a fresh node reads it from the store (None: not committed)."""
+    store = open_store(store_url) if "://" in store_url else LocalStore(store_url)
+    try:
+        store.get(keys.file_key(path))
+    except NotFound:
+        return None
+    fs = Filesystem(store, FsConfig(decoded_cache_bytes=0))
+    try:
+        r = fs.open_read(path)
+        return r.read(0, r.size)
+    finally:
+        fs.close()
+
+
+def wait_for(pred, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_close_returns_then_commits_in_background(mount_factory):
+    m = mount_factory(extra=["--writeback"])
+    sd = {"w": torch.randn(1 << 20), "b": torch.randn(1000).to(torch.bfloat16)}
+    path = os.path.join(m.path, "ckpt.pt")
+    torch.save(sd, path)
+    # listed and readable at once, from the spool
+    assert "ckpt.pt" in os.listdir(m.path)
+    back = torch.load(path)
+    assert torch.equal(back["w"], sd["w"]) and torch.equal(back["b"], sd["b"])
+    res = cli("sync", m.path)
+    assert res.returncode == 0, res.stderr
+    data = open(path, "rb").read()
+    assert committed(m.store, "ckpt.pt") == data
+    st = json.loads(cli("status", m.path, "--json").stdout)
+    assert st["writeback"] is True and st["pending"] == []
+
+
+def test_fsync_waits_for_the_commit(mount_factory):
+    m = mount_factory(extra=["--writeback"])
+    path = os.path.join(m.path, "f.bin")
+    payload = os.urandom(3 << 20)
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+        assert committed(m.store, "f.bin") == payload
+
+
+@pytest.mark.s3
+def test_store_down_status_sync_then_recovery_commits(request, mount_factory,
+                                                      s3_server_process):
+    proxy = FaultProxyProcess(s3_server_process)
+    request.addfinalizer(proxy.close)
+    bucket = s3_url(request, "x").split("/")[2]
+    url = (f"s3://{bucket}/wb?endpoint_url={proxy.url}"
+           f"&max_attempts=2&retry_seconds=1&backoff_base=0.01&backoff_max=0.05")
+    direct = f"s3://{bucket}/wb?endpoint_url={s3_server_process}"
+    m = mount_factory(store=url, name="wbdown", extra=["--writeback"])
+    proxy.inject("internal", method="PUT")                # the store refuses every put
+    sd = {"w": torch.randn(200_000)}
+    path = os.path.join(m.path, "ckpt.pt")
+    torch.save(sd, path)                                  # accepted: close() succeeds
+    assert wait_for(lambda: json.loads(cli("status", m.path, "--json").stdout)
+                    ["pending"][0]["attempts"] >= 1)
+    st = cli("status", m.path)
+    assert "ckpt.pt" in st.stdout and "failing" in st.stdout
+    res = cli("sync", m.path, "--timeout", "20")
+    assert res.returncode == 1 and "ckpt.pt" in res.stderr
+    assert committed(direct, "ckpt.pt") is None
+    # the bytes are kept: this mount reads them back exactly
+    assert torch.equal(torch.load(path)["w"], sd["w"])
+    proxy.clear()                                         # the store comes back
+    res = cli("sync", m.path, "--timeout", "120")
+    assert res.returncode == 0, res.stderr
+    got = committed(direct, "ckpt.pt")
+    assert got is not None and hashlib.sha256(got).digest() == \
+        hashlib.sha256(open(path, "rb").read()).digest()
+    assert torch.equal(torch.load(io.BytesIO(got))["w"], sd["w"])
+
+
+@pytest.mark.s3
+def test_kill9_after_close_before_commit_replays_the_journal(request, mount_factory,
+                                                            s3_server_process):
+    proxy = FaultProxyProcess(s3_server_process)
+    request.addfinalizer(proxy.close)
+    bucket = s3_url(request, "x").split("/")[2]
+    url = (f"s3://{bucket}/crash?endpoint_url={proxy.url}"
+           f"&max_attempts=2&retry_seconds=1&backoff_base=0.01&backoff_max=0.05")
+    direct = f"s3://{bucket}/crash?endpoint_url={s3_server_process}"
+    m = mount_factory(store=url, name="wbcrash", extra=["--writeback"])
+    proxy.inject("internal", method="PUT")
+    sd = {"w": torch.randn(300_000), "h": torch.randn(5000).half()}
+    path = os.path.join(m.path, "ckpt.pt")
+    torch.save(sd, path)
+    expect = open(path, "rb").read()
+    m.kill9()                                  # accepted, never committed
+    m.stop()
+    proxy.clear()
+    m.start()                                  # the same cache dir: the journal replays
+    assert open(path, "rb").read() == expect   # shown again at once
+    res = cli("sync", m.path, "--timeout", "120")
+    assert res.returncode == 0, res.stderr
+    assert committed(direct, "ckpt.pt") == expect
+
+
+def test_kill9_mid_write_leaves_nothing_torn(mount_factory, tmp_path):
+    m = mount_factory(extra=["--writeback"])
+    path = os.path.join(m.path, "ckpt.pt")
+    data = torch_bytes({"w": torch.randn(1 << 21)})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data[: len(data) // 2])
+        m.kill9()
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    m.stop()
+    m.start()
+    assert committed(m.store, "ckpt.pt") is None
+    assert not os.path.exists(path)
+    torch.save({"x": torch.ones(3)}, path)
+    assert torch.equal(torch.load(path)["x"], torch.ones(3))
+
+
+def test_reads_while_committing_are_exact(mount_factory):
+    m = mount_factory(extra=["--writeback"])
+    sds = [{"w": torch.randn(1 << 19, generator=torch.Generator().manual_seed(i))}
+           for i in range(4)]
+    for i, sd in enumerate(sds):
+        torch.save(sd, os.path.join(m.path, f"ckpt_{i}.pt"))
+        # read back while this one (and earlier ones) commit in the background
+        for j in range(i + 1):
+            assert torch.equal(torch.load(os.path.join(m.path, f"ckpt_{j}.pt"))["w"],
+                               sds[j]["w"])
+    assert cli("sync", m.path).returncode == 0
+    for i, sd in enumerate(sds):
+        got = committed(m.store, f"ckpt_{i}.pt")
+        assert torch.equal(torch.load(io.BytesIO(got))["w"], sd["w"])
