@@ -22,6 +22,10 @@ Layouts (the number is written into the blob):
   exponent byte 0.05 % tighter than the byte with the sign in it.
 
 Any bytes past the last whole word/element form a last ``tail`` plane.
+
+The CPU layouts (``FLOAT_SM``, ``BYTES``, ``SIGN_BYTES``) split and merge in a small C
+extension (``_shuffle.c``, built at install; it releases the GIL) when it is there; the
+NumPy code here is the reference it is tested against, and the fallback without it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ ENTROPY = "entropy"     # skewed symbols, few repeats (exponents): Huffman codin
 GENERIC = "generic"     # anything else (mantissa bytes, integers, opaque bytes): zstd
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+try:
+    from . import _shuffle            # the C twin of the NumPy code below
+except ImportError:                   # not built (a source checkout without a compiler)
+    _shuffle = None
+
+#: use the C extension where it covers a layout (tests turn it off for the reference)
+USE_C = _shuffle is not None
 
 
 def layout_for(dt: DType) -> int:
@@ -147,7 +159,10 @@ def split(data: memoryview, dt: DType, layout: int) -> list[memoryview | np.ndar
     n, tail = divmod(len(data), unit)
     body = np.frombuffer(data, dtype=np.uint8, count=n * unit)
     planes: list = []
-    if layout == BYTES:
+    fast = _split_c(body, dt, layout, unit, n) if USE_C else None
+    if fast is not None:
+        planes = fast
+    elif layout == BYTES:
         planes = list(body.reshape(n, unit).T.copy())     # one transposing copy
     elif layout == FLOAT_SM:
         planes = _split_sm(body.reshape(n, unit))
@@ -162,6 +177,24 @@ def split(data: memoryview, dt: DType, layout: int) -> list[memoryview | np.ndar
     if tail:
         planes.append(data[n * unit:])
     return planes
+
+
+def _split_c(body: np.ndarray, dt: DType, layout: int, unit: int, n: int):
+    """The split in C, as views of one buffer; None where C does not cover it."""
+    if layout == FLOAT_SM and unit in (2, 4):
+        out = np.empty(n * unit, dtype=np.uint8)
+        _shuffle.split_sm(body, out, unit)
+    elif layout == BYTES and unit <= 16:
+        out = np.empty(n * unit, dtype=np.uint8)
+        _shuffle.split_bytes(body, out, unit)
+    elif layout == SIGN_BYTES and unit <= 16:
+        ns = (n + 7) // 8
+        out = np.empty(ns + n * unit, dtype=np.uint8)
+        _shuffle.split_sign_bytes(body, out, unit)
+        return [out[:ns]] + [out[ns + k * n: ns + (k + 1) * n] for k in range(unit)]
+    else:
+        return None
+    return [out[k * n: (k + 1) * n] for k in range(unit)]
 
 
 def _split_float(words: np.ndarray, dt: DType, bits: int) -> list[np.ndarray]:
@@ -234,7 +267,9 @@ def merge(planes: list, dt: DType, layout: int, raw_len: int) -> bytes:
     unit = _unit(dt, layout)
     n, tail = divmod(raw_len, unit)
     out = np.empty(raw_len, dtype=np.uint8)
-    if layout == BYTES:
+    if USE_C and _merge_c(planes, out[: n * unit], layout, unit):
+        pass
+    elif layout == BYTES:
         grid = out[: n * unit].reshape(n, unit)
         for k in range(unit):
             grid[:, k] = np.frombuffer(planes[k], dtype=np.uint8, count=n)
@@ -247,6 +282,19 @@ def merge(planes: list, dt: DType, layout: int, raw_len: int) -> bytes:
     if tail:
         out[n * unit:] = np.frombuffer(planes[-1], dtype=np.uint8, count=tail)
     return out.tobytes()
+
+
+def _merge_c(planes: list, dest: np.ndarray, layout: int, unit: int) -> bool:
+    """The merge in C into ``dest``; False where C does not cover it."""
+    if layout == FLOAT_SM and unit in (2, 4):
+        _shuffle.merge_sm(planes, dest, unit)
+    elif layout == BYTES and unit <= 16:
+        _shuffle.merge_bytes(planes, dest, unit)
+    elif layout == SIGN_BYTES and unit <= 16:
+        _shuffle.merge_sign_bytes(planes, dest, unit)
+    else:
+        return False
+    return True
 
 
 def _merge_sign_bytes(grid: np.ndarray, planes: list, n: int) -> None:

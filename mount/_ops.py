@@ -35,7 +35,7 @@ def _fuse_errors(fn):
                 metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
-            if exc.errno is None:
+            if exc.errno is None or exc.errno == errno.EBADF:   # EBADF: always our bug
                 log.exception("%s failed", fn.__name__)
             metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
@@ -168,9 +168,8 @@ class S4Operations(pyfuse3.Operations):
             kw["mtime"] = attr.st_mtime_ns / 1e9
         handle = self._handles.get(fh) if fh is not None else None
         if kw:
-            if isinstance(handle, WriteHandle):
-                await self._run(handle.set_attrs, **kw)
-            else:
+            if not isinstance(handle, WriteHandle) or \
+                    not await self._run(handle.set_attrs, **kw):
                 await self._run(self.fs.set_attrs, path, **kw)
         return self._entry(await self._run(self.fs.stat, path))
 

@@ -381,8 +381,8 @@ class Filesystem:
             w = self._writers.pop(old, None)
             if w is not None:
                 self._writers[new] = w
-        if w is not None:
-            w.moved(new)
+        if w is not None and not w.moved(new):
+            self._drop_writer(new, w)
         m = self._manifest_or_none(old, fresh=True)
         if m is not None:
             self.commit(new, m)
@@ -412,7 +412,8 @@ class Filesystem:
                     moved.append((w, new + p[len(old):]))
             self._manifests.clear()
         for w, p in moved:
-            w.moved(p)
+            if not w.moved(p):
+                self._drop_writer(p, w)
         self.store.delete(keys.dir_key(old))
         self._known_dirs = {d for d in self._known_dirs if d != old and not d.startswith(old + "/")}
 
@@ -422,8 +423,7 @@ class Filesystem:
         path = keys.norm(path)
         with self._lock:
             w = self._writers.get(path)
-        if w is not None:
-            w.set_attrs(mode=mode, mtime=mtime, size=size)
+        if w is not None and w.set_attrs(mode=mode, mtime=mtime, size=size):
             return self.stat(path)
         a = self.stat(path)
         if a.is_dir:
@@ -532,6 +532,11 @@ class Filesystem:
         w.abort()
         return self.open_write(path, truncate=truncate, create=create,
                                exclusive=exclusive, mode=mode)
+
+    def _drop_writer(self, path: str, w: WriteHandle) -> None:
+        with self._lock:
+            if self._writers.get(path) is w:
+                del self._writers[path]
 
     def _release_writer(self, w: WriteHandle) -> None:
         with self._lock:

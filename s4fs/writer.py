@@ -184,9 +184,14 @@ class WriteHandle:
                 raise
             self._touch()
 
-    def set_attrs(self, *, mode=None, mtime=None, size=None) -> None:
+    def set_attrs(self, *, mode=None, mtime=None, size=None) -> bool:
+        """chmod / utime / truncate through this handle; False when it has closed
+        meanwhile (the caller then changes the committed file instead)."""
         with self._cond:
             self._wait_commit()
+            self._check()
+            if self.state is State.CLOSED:
+                return False
             if size is not None:
                 self.truncate(size)
             if mode is not None:
@@ -195,6 +200,7 @@ class WriteHandle:
             if mtime is not None:
                 self.mtime = mtime
                 self._touch(mtime=False)
+            return True
 
     @classmethod
     def recovered(cls, fs: "Filesystem", entry, previous: Manifest | None) -> "WriteHandle":
@@ -517,16 +523,20 @@ class WriteHandle:
                 self.fs.journal.drop(self.spool.name)
                 self.accepted_at = 0.0
 
-    def moved(self, path: str) -> None:
-        """The path was renamed while open (or pending)."""
+    def moved(self, path: str) -> bool:
+        """The path was renamed while open (or pending); False if the handle has closed
+        meanwhile (the caller drops it)."""
         with self._cond:
             self._wait_commit()
+            if self.state in (State.CLOSED, State.FAILED):
+                return False
             self.path = path
             self.spool.label = path
             if self.accepted_at:
                 from s4fs.journal import Entry
                 self.fs.journal.record(Entry(path, self.spool.name, self.mode, self.mtime,
                                              self.spool.size, self.accepted_at))
+            return True
 
     def detach(self) -> None:
         """The mount is going away: stop, but keep an accepted file's spool and journal
