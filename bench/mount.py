@@ -1,16 +1,30 @@
-"""Mount benchmark: torch.save / torch.load through the s4fs mount vs local disk.
+"""Mount benchmark: a training run's checkpoints through the s4fs mount vs local disk.
 
-    python bench/mount.py [--gib 1.0] [--repeat 5] [--store DIR_OR_URL]
+    python bench/mount.py [--gib 1.0] [--saves 4] [--modes default,writeback]
+                          [--device cpu|cuda|auto] [--store DIR_OR_URL]
 
-A ~1 GiB mixed bf16/fp32 state dict (real MiniLM weights tiled), saved and loaded with
-unchanged torch code, alternating mount and local disk, median of ``--repeat``. Also the
-stored % and the daemon's peak RSS for a small and a large file (it must not grow with
-file size). Timings are printed, never asserted.
+The checkpoints are real: MiniLM (all-MiniLM-L6-v2) fine-tuned with AdamW, several
+replicas side by side until one checkpoint is about ``--gib`` (model + optimizer state,
+fp32), saved every few steps as a training job does. For each commit mode the same
+unchanged torch code runs against the mount and against a local directory on the same
+disk, alternating, and the table gives medians:
+
+* save: ``torch.save`` through the mount vs ``torch.save`` + ``os.sync()`` locally (the
+  mount's default close() returns once the file is in the store; with ``--writeback``
+  once it is on local disk, so the time until ``s4fs sync`` returns is given too);
+* warm load: the file just written (page cache / decoded cache warm on both sides);
+* cold load: after unmount, ``drop_caches`` and a remount with the same cache dir (the
+  decoded cache on disk, page cache cold) — and as a fresh node (empty cache dir: every
+  byte fetched from the store and decoded) — vs the local file after ``drop_caches``;
+* stored % of logical over the whole series (deltas included) and the daemon's peak RSS.
+
+Timings are printed, never asserted. Needs root for ``drop_caches`` (skipped otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -21,8 +35,36 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+REPLICA_BYTES = 272_000_000          # one MiniLM + AdamW state, fp32
 
-DEVICE = "cpu"
+
+def series(gib: float, saves: int, every: int) -> list[dict]:
+    from s4fs.testing import minilm
+    reps = max(1, round(gib * (1 << 30) / REPLICA_BYTES))
+    runs = [minilm.finetune(saves * every, every=every, seed=r) for r in range(reps)]
+    out = []
+    for _ in range(saves):
+        ck = {}
+        for r, run in enumerate(runs):
+            step, model, optim = next(run)
+            ck[f"replica{r}"] = {"model": model, "optimizer": optim, "step": step}
+        out.append(ck)
+    return out
+
+
+def cli(*args, check=True, timeout=600):
+    return subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
+                          text=True, check=check, timeout=timeout)
+
+
+def drop_caches() -> bool:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def daemon_hwm(mountpoint: str) -> int:
@@ -40,44 +82,69 @@ def daemon_hwm(mountpoint: str) -> int:
     return best
 
 
-def run(sd, store: str, work: str, repeat: int, tag: str) -> dict:
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
+             device: str, loads: int) -> dict:
     import torch
-    mnt = os.path.join(work, f"mnt-{tag}")
-    local = os.path.join(work, f"local-{tag}")
-    os.makedirs(mnt)
-    os.makedirs(local)
+    tag = mode
+    mnt, local = os.path.join(work, f"mnt-{tag}"), os.path.join(work, f"local-{tag}")
     cache = os.path.join(work, f"cache-{tag}")
-    subprocess.run([sys.executable, "-m", "s4fs.cli", "mount", store, mnt, "--cache-dir",
-                    cache, "--device", DEVICE], check=True)
+    store = store_arg or os.path.join(work, f"store-{tag}")
+    for d in (mnt, local, cache):
+        os.makedirs(d, exist_ok=True)
+    flags = ["--cache-dir", cache, "--device", device, "--gc-interval", "0"]
+    if mode == "writeback":
+        flags.append("--writeback")
+    cli("mount", store, mnt, *flags)
+    res: dict = {"mode": mode, "save_m": [], "save_l": [], "warm_m": [], "warm_l": []}
     try:
-        ms, ls_, ml, ll = [], [], [], []
-        stored = logical = 0
-        for i in range(repeat):
+        for i, ck in enumerate(cks):
             name = f"ckpt_{i}.pt"
-            t0 = time.perf_counter()
-            torch.save(sd, os.path.join(mnt, name))
-            ms.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            torch.save(sd, os.path.join(local, name))
-            os.sync()
-            ls_.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            x = torch.load(os.path.join(mnt, name))
-            ml.append(time.perf_counter() - t0)
-            del x
-            t0 = time.perf_counter()
-            x = torch.load(os.path.join(local, name))
-            ll.append(time.perf_counter() - t0)
-            del x
-            import json
-            r = json.loads(subprocess.run(
-                [sys.executable, "-m", "s4fs.cli", "stat", "--json", os.path.join(mnt, name)],
-                capture_output=True, text=True, check=True).stdout)
-            stored, logical = r["stored"], r["logical"]
-            if i < repeat - 1:
-                os.remove(os.path.join(mnt, name))   # no delta chain: every save is full
-            os.remove(os.path.join(local, name))
-        hwm = daemon_hwm(mnt)
+            pm, pl = os.path.join(mnt, name), os.path.join(local, name)
+            def save_m():
+                torch.save(ck, pm)
+            def save_l():
+                torch.save(ck, pl)
+                os.sync()
+            if i % 2:
+                res["save_l"].append(timed(save_l))
+                res["save_m"].append(timed(save_m))
+            else:
+                res["save_m"].append(timed(save_m))
+                res["save_l"].append(timed(save_l))
+        res["sync"] = timed(lambda: cli("sync", mnt)) if mode == "writeback" else 0.0
+        last = f"ckpt_{len(cks) - 1}.pt"
+        pm, pl = os.path.join(mnt, last), os.path.join(local, last)
+        for _ in range(loads):
+            res["warm_m"].append(timed(lambda: torch.load(pm)))
+            res["warm_l"].append(timed(lambda: torch.load(pl)))
+        logical = stored = 0
+        for i in range(len(cks)):
+            r = json.loads(cli("stat", "--json", os.path.join(mnt, f"ckpt_{i}.pt")).stdout)
+            logical += r["logical"]
+            stored += r["stored"]
+        res["stored_pct"] = 100.0 * stored / logical
+        res["logical"] = r["logical"]
+        res["hwm"] = daemon_hwm(mnt)
+        res["cold_m"], res["cold_l"], res["fresh_m"] = [], [], []
+        for kind, cdir in (("cold_m", cache), ("fresh_m", None)):
+            for k in range(loads):
+                cli("umount", mnt)
+                c = cdir or os.path.join(work, f"cache-{tag}-fresh{k}")
+                os.makedirs(c, exist_ok=True)
+                cli("mount", store, mnt, *(["--cache-dir", c] + flags[2:]))
+                if not drop_caches():
+                    res["cold_m"] = res["fresh_m"] = res["cold_l"] = []
+                    return res
+                res[kind].append(timed(lambda: torch.load(pm)))
+                if kind == "cold_m":
+                    drop_caches()
+                    res["cold_l"].append(timed(lambda: torch.load(pl)))
     except BaseException:
         try:
             with open(os.path.join(cache, "s4fs-mount.log")) as f:
@@ -86,46 +153,50 @@ def run(sd, store: str, work: str, repeat: int, tag: str) -> dict:
             pass
         raise
     finally:
-        subprocess.run([sys.executable, "-m", "s4fs.cli", "umount", mnt], check=False)
-    med = statistics.median
-    return {"logical": logical, "stored": stored, "ms": med(ms), "ls": med(ls_),
-            "ml": med(ml), "ll": med(ll), "hwm": hwm}
+        cli("umount", mnt, check=False)
+    return res
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--small-gib", type=float, default=0.25)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.0, help="size of one checkpoint")
+    ap.add_argument("--saves", type=int, default=4, help="checkpoints in the series")
+    ap.add_argument("--every", type=int, default=5, help="training steps between saves")
+    ap.add_argument("--loads", type=int, default=3, help="repeats of each load")
+    ap.add_argument("--modes", default="default,writeback")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
+    ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     args = ap.parse_args(argv)
-    global DEVICE
-    DEVICE = args.device
     from _common import machine, table
-    from _data import mixed_state_dict
-    work = tempfile.mkdtemp(prefix="s4fs-bench-mount-")
+    t0 = time.perf_counter()
+    cks = series(args.gib, args.saves, args.every)
+    print(f"# built {len(cks)} checkpoints in {time.perf_counter() - t0:.0f} s", flush=True)
+    work = tempfile.mkdtemp(prefix="s4fs-bench-mount-", dir=args.work)
+    med = statistics.median
     rows = []
     try:
-        for gib in (args.small_gib, args.gib):
-            sd = mixed_state_dict(int(gib * (1 << 30)))
-            store = args.store or os.path.join(work, f"store-{gib}")
-            r = run(sd, store, work, args.repeat if gib == args.gib else 2, f"{gib}")
-            mb = r["logical"] / 1e6
-            rows.append([f"{r['logical'] / 2**30:.2f} GiB", f"{100 * r['stored'] / r['logical']:.1f}",
-                         f"{r['ms']:.2f}", f"{r['ls']:.2f}", f"{r['ms'] / r['ls']:.2f}x",
-                         f"{r['ml']:.2f}", f"{r['ll']:.2f}", f"{r['ml'] / r['ll']:.2f}x",
-                         f"{mb / r['ms']:.0f}", f"{r['hwm'] / 2**20:.0f}"])
-            del sd
+        for mode in args.modes.split(","):
+            r = run_mode(mode, cks, work, args.store, args.device, args.loads)
+            def ratio(a, b):
+                return f"{med(r[a]):.2f} / {med(r[b]):.2f} = {med(r[a]) / med(r[b]):.2f}x" \
+                    if r.get(a) and r.get(b) else "-"
+            fresh = (f"{med(r['fresh_m']):.2f} = {med(r['fresh_m']) / med(r['cold_l']):.2f}x"
+                     if r.get("fresh_m") and r.get("cold_l") else "-")
+            rows.append([mode, f"{r['logical'] / 2**30:.2f} GiB",
+                         ratio("save_m", "save_l"),
+                         f"{r['sync']:.2f}" if mode == "writeback" else "-",
+                         ratio("warm_m", "warm_l"), ratio("cold_m", "cold_l"), fresh,
+                         f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"# bench/mount.py — {machine()}; codec device {args.device}; median of "
-          f"{args.repeat} (small file: 2)")
-    print("# torch.save/torch.load unchanged; local = same calls on a local ext4 file "
-          "(+ os.sync after save)")
-    print(table(["file", "stored %", "save s (mount)", "save s (local)", "save ratio",
-                 "load s (mount)", "load s (local)", "load ratio", "save MB/s (mount)",
-                 "daemon peak RSS MiB"], rows))
+    print(f"# bench/mount.py — {machine()}; codec device {args.device}; {len(cks)} "
+          f"consecutive checkpoints (MiniLM + AdamW replicas, fine-tuned {args.every} steps "
+          f"apart); medians; seconds mount / local")
+    print(table(["mode", "checkpoint", "save (local: +os.sync)", "then s4fs sync",
+                 "warm load", "cold load (remount, drop_caches)",
+                 "cold load, fresh node", "stored % (series)", "daemon RSS MiB"], rows))
     return 0
 
 

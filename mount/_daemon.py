@@ -90,6 +90,24 @@ def mounts_at(mountpoint: str) -> list[MountEntry]:
     return sorted(found, key=lambda e: e.mount_id not in below)
 
 
+READAHEAD_KB = 16384
+
+
+def _raise_readahead(mountpoint: str, kb: int = READAHEAD_KB) -> None:
+    """Let the kernel read ahead far (and so send READs of up to 1 MiB, not 128 KiB):
+    torch.load reads storages whole, and every request costs a trip through Python.
+    The FUSE connection's backing device is named in mountinfo (no stat of ourselves)."""
+    top = mounts_at(mountpoint)
+    if not top:
+        return
+    path = f"/sys/class/bdi/{top[-1].device}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kb))
+    except OSError as exc:                     # not root, or no sysfs: keep the default
+        log.info("could not raise read-ahead (%s): %s", path, exc)
+
+
 def _probe(mountpoint: str, timeout: float) -> OSError | None:
     """statvfs ``mountpoint`` in a thread: None when it answers, the error it raised,
     or TimeoutError when it does not answer within ``timeout`` (a hung daemon)."""
@@ -195,6 +213,13 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                         pyfuse3.terminate()
                         return
             nursery.start_soon(stop_on_signal)
+
+            async def readahead_after_init():
+                # the kernel sets the read-ahead when it gets our INIT reply, from
+                # inside pyfuse3.main: raise it once that is done
+                await trio.sleep(0.5)
+                await trio.to_thread.run_sync(_raise_readahead, mountpoint)
+            nursery.start_soon(readahead_after_init)
             if ready_fd is not None:
                 os.write(ready_fd, b"1")
                 os.close(ready_fd)

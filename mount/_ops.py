@@ -301,6 +301,12 @@ class S4Operations(pyfuse3.Operations):
             if handle is not None:
                 async with self._handle_locks[fh]:
                     await self._run(handle.release)
+                if isinstance(handle, WriteHandle):
+                    # the kernel's page cache holds what was written: if that is exactly
+                    # the committed version, the next open may keep it
+                    vid = handle.committed_id()
+                    if vid is not None:
+                        self._seen_ids[handle.path] = vid
         finally:
             self._forget_fh(fh)
 

@@ -89,10 +89,15 @@ class DecodedCache:
                 return None
             self._lru.move_to_end(vid)
         try:
-            return os.open(self._path(vid), os.O_RDONLY)
+            fd = os.open(self._path(vid), os.O_RDONLY)
         except OSError:
             self.discard(vid)
             return None
+        try:   # torch.load reads the whole file: have the disk read it ahead at its pace
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except (AttributeError, OSError):
+            pass
+        return fd
 
     def discard(self, vid: str) -> None:
         with self._lock:

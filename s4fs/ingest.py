@@ -40,8 +40,23 @@ class IngestConfig:
     # The pipeline codes chunks on the CPU unless asked: the GPU codec is exact here but,
     # fed one 4 MiB chunk at a time, slower than the CPU pool (docs/BENCHMARKS.md, H200).
     device: str = "cpu"
+    # background coding yields the CPU to the training job and to the FUSE requests it
+    # waits on (a nice value for the coding threads; 0 keeps the normal priority)
+    nice: int = 10
     max_delta_depth: int = 4           # a delta chain never grows past this
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
+
+
+def lower_priority(nice: int) -> None:
+    """Give the calling thread (Linux: threads have their own nice value) a lower CPU
+    priority; a no-op where that is not possible."""
+    if nice <= 0:
+        return
+    try:
+        import threading
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):
+        pass
 
 
 class _Pools:
@@ -51,9 +66,10 @@ class _Pools:
     _upload: ThreadPoolExecutor | None = None
 
     @classmethod
-    def codec(cls, workers: int) -> ThreadPoolExecutor:
+    def codec(cls, workers: int, nice: int = 0) -> ThreadPoolExecutor:
         if cls._codec is None:
-            cls._codec = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-codec")
+            cls._codec = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-codec",
+                                            initializer=lower_priority, initargs=(nice,))
         return cls._codec
 
     @classmethod
@@ -248,7 +264,7 @@ class IngestSession:
     def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None) -> None:
         while len(self._pending) >= (self.cfg.max_pending_chunks or 2 * self.cfg.workers):
             self._drain_one()
-        fut = _Pools.codec(self.cfg.workers).submit(self._encode, data, dtype, base)
+        fut = _Pools.codec(self.cfg.workers, self.cfg.nice).submit(self._encode, data, dtype, base)
         self._pending.append(_Pending(stream, fut))
 
     def _encode(self, data: bytes, dtype: str, base: ChunkRef | None):

@@ -432,6 +432,8 @@ class WriteHandle:
             self._cond.wait()
 
     def _ingest_loop(self) -> None:
+        from s4fs.ingest import lower_priority
+        lower_priority(self.fs.cfg.ingest.nice)
         s = None
         try:
             while True:
@@ -470,6 +472,17 @@ class WriteHandle:
             with self._cond:
                 self._thread = None
                 self._cond.notify_all()
+
+    def committed_id(self) -> str | None:
+        """The id of the committed version whose bytes are exactly what was written
+        through this handle (so a kernel page cache filled by those writes may be kept),
+        or None."""
+        with self._cond:
+            if self.error is not None or self._orphaned or not self._same_bytes or \
+                    self.previous is None or self.state not in (State.COMMITTED,
+                                                                State.CLOSED):
+                return None
+            return self.previous.id
 
     # --- reading while open ----------------------------------------------------------
 

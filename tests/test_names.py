@@ -393,3 +393,15 @@ def test_mount_model_file_and_model_s4o_folder(mount_factory):
     assert read(p, "x") == b"x file"
     assert os.path.isdir(os.path.join(p, "x.s4o"))
     assert os.listdir(os.path.join(p, "x.s4o")) == []
+
+
+@pytest.mark.s3
+def test_s3_key_past_1024_bytes_is_enametoolong(make_s3_store):
+    import errno as _errno
+    store = make_s3_store("p")
+    ok = "files/" + "/".join(["a" * 200] * 4)                 # under the limit: works
+    store.put(ok, b"x")
+    assert store.get(ok) == b"x"
+    with pytest.raises(OSError) as err:
+        store.put("files/" + "/".join(["b" * 250] * 5), b"x")
+    assert err.value.errno == _errno.ENAMETOOLONG

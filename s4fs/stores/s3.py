@@ -26,7 +26,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from s4fs.errors import (Busy, InvalidArgument, NotFound, PermissionDenied, S4Error,
                          StoreError, StoreUnavailable)
 
-from .base import ObjectInfo, Store, check_key
+from .base import NameTooLong, ObjectInfo, Store, check_key
+
+S3_KEY_MAX = 1024            # bytes of UTF-8 in an S3 object key
 
 T = TypeVar("T")
 MiB = 1 << 20
@@ -382,7 +384,12 @@ class S3Store(Store):
     # --- Store -------------------------------------------------------------------
 
     def _key(self, key: str) -> str:
-        return self._root + check_key(key)
+        full = self._root + check_key(key)
+        if len(full.encode("utf-8", "surrogateescape")) > S3_KEY_MAX:
+            raise NameTooLong(f"the path {key!r} makes an S3 key longer than {S3_KEY_MAX} "
+                              f"bytes (with the prefix {self._root!r}); use shorter names "
+                              f"or a shorter prefix")
+        return full
 
     def get(self, key, start=None, end=None) -> bytes:
         full = self._key(key)
