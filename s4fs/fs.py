@@ -16,7 +16,6 @@ work; it is never held while calling into a handle or the store.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -26,8 +25,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from s4fs import keys
-from s4fs.errors import (AlreadyExists, Busy, CorruptManifest, DirectoryNotEmpty,
+from s4fs import keys, sealed
+from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound)
 from s4fs.ingest import IngestConfig, IngestSession
 from s4fs.manifest import Manifest
@@ -80,6 +79,7 @@ class Filesystem:
     def __init__(self, store: Store, cfg: FsConfig | None = None) -> None:
         self.store = store
         self.cfg = cfg or FsConfig()
+        self._check_root()      # first: a store this s4fs cannot use leaves nothing behind
         self._own_cache = self.cfg.cache_dir is None
         self.cache_dir = self.cfg.cache_dir or tempfile.mkdtemp(prefix="s4fs-cache-")
         self._cache_lock = _lock_cache_dir(self.cache_dir)
@@ -105,7 +105,6 @@ class Filesystem:
         self._writers: dict[str, WriteHandle] = {}
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
-        self._check_root()
         from s4fs.committer import Committer
         from s4fs.journal import Journal
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
@@ -117,13 +116,13 @@ class Filesystem:
     def _check_root(self) -> None:
         from s4fs.errors import NotFound as _NF, UnsupportedVersionError
         try:
-            doc = json.loads(self.store.get(keys.ROOT_MARKER))
+            data = self.store.get(keys.ROOT_MARKER)
         except _NF:
-            self.store.put(keys.ROOT_MARKER, json.dumps(STORE_FORMAT).encode())
+            self.store.put(keys.ROOT_MARKER, sealed.store_marker(STORE_FORMAT))
             return
-        except ValueError:
-            raise CorruptManifest(f"{self.store.url}: {keys.ROOT_MARKER} is not valid JSON")
-        if doc.get("format") != "s4fs-store" or doc.get("version", 0) > STORE_FORMAT["version"]:
+        doc = sealed.read_store_marker(
+            data, f"store marker (object {keys.ROOT_MARKER!r} in {self.store.url})")
+        if doc["version"] > STORE_FORMAT["version"]:
             raise UnsupportedVersionError(
                 f"{self.store.url} holds an s4fs store of version {doc.get('version')}; "
                 f"this s4fs reads version {STORE_FORMAT['version']}: upgrade s4fs")
@@ -222,7 +221,8 @@ class Filesystem:
             return hit[1]
         try:
             data = self.store.get(keys.file_key(path))
-            m = Manifest.from_bytes(data, where=f"manifest of {path!r}")
+            m = Manifest.from_bytes(data, where=f"manifest of {path!r} (object "
+                                                  f"{keys.file_key(path)!r} in {self.store.url})")
         except NotFound:
             m = None
         with self._lock:
@@ -249,10 +249,10 @@ class Filesystem:
             missing.append(p)
             p = keys.parent(p)
         for d in reversed(missing):
-            if not self.store.exists(keys.dir_key(d)):
+            if not self._has_dir_marker(d):
                 if self._manifest_or_none(d) is not None:
                     raise NotADirectory(f"{d!r} is a file, not a directory")
-                self.store.put(keys.dir_key(d), b"")
+                self.store.put(keys.dir_key(d), sealed.dir_marker())
             self._known_dirs.add(d)
 
     # --- namespace -------------------------------------------------------------------
@@ -281,14 +281,24 @@ class Filesystem:
 
     def _is_dir(self, path: str) -> bool:
         if path in self._known_dirs:
-            if self.store.exists(keys.dir_key(path)) or self._has_children(path):
+            if self._has_dir_marker(path) or self._has_children(path):
                 return True
             self._known_dirs.discard(path)
             return False
-        if self.store.exists(keys.dir_key(path)) or self._has_children(path):
+        if self._has_dir_marker(path) or self._has_children(path):
             self._known_dirs.add(path)
             return True
         return False
+
+    def _has_dir_marker(self, path: str) -> bool:
+        """Whether ``dirs/<path>`` exists; a damaged marker is an error (EIO), not a guess."""
+        try:
+            data = self.store.get(keys.dir_key(path))
+        except NotFound:
+            return False
+        sealed.check_dir_marker(data, f"marker of directory {path!r} (object "
+                                      f"{keys.dir_key(path)!r} in {self.store.url})")
+        return True
 
     def _has_children(self, path: str) -> bool:
         for prefix in (keys.FILES, keys.DIRS):
@@ -323,7 +333,7 @@ class Filesystem:
         parent = keys.parent(path)
         if not self.stat(parent).is_dir:
             raise NotADirectory(f"{parent!r} is not a directory")
-        self.store.put(keys.dir_key(path), b"")
+        self.store.put(keys.dir_key(path), sealed.dir_marker())
         self._known_dirs.add(path)
 
     def rmdir(self, path: str) -> None:
@@ -396,7 +406,7 @@ class Filesystem:
 
     def _rename_dir(self, old: str, new: str) -> None:
         self._ensure_parents(new + "/x")
-        self.store.put(keys.dir_key(new), b"")
+        self.store.put(keys.dir_key(new), sealed.dir_marker())
         self._known_dirs.add(new)
         for prefix in (keys.FILES, keys.DIRS):
             for obj in list(self.store.list(prefix + old + "/")):

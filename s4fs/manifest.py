@@ -1,11 +1,13 @@
 """The manifest: how a logical file is rebuilt from chunks.
 
 A manifest is the last object written for a file, atomically; until it exists the file
-does not. It is JSON, zstd-compressed, and versioned::
+does not. It is a JSON document, zstd-compressed, versioned, and (from version 2) sealed
+with a checksum (:mod:`s4fs.sealed`, kind ``"manifest"``)::
 
-    {"format": "s4fs-manifest", "version": 1, "size": ..., "xxh128": ..., "mtime": ...,
+    {"format": "s4fs-manifest", "version": 2, "size": ..., "xxh128": ..., "mtime": ...,
      "mode": ..., "kind": "torch-zip" | "safetensors" | "raw",
      "packs": [pack keys ...],              # every pack this file needs, bases included
+     "own": <how many of the first packs this version wrote>,
      "streams": [{"kind", "dtype", "name", "chunks": [ref ...]}, ...],
      "extents": [[file offset, length, stream index, stream offset], ...],
      "names": {"data/3": "encoder.layer.0....weight"},
@@ -16,6 +18,23 @@ A chunk ref is ``{"p": pack index, "o": offset, "n": stored length, "r": raw len
 carries its whole base chain inline, so a manifest never depends on another manifest
 (deleting a base checkpoint never breaks a delta: its packs stay referenced).
 Stream 0 is the "raw" stream holding every non-tensor byte of the file, in order.
+
+Stored forms:
+
+* version 2 (written): ``seal("manifest", zstd(JSON))``; the checksum covers every
+  stored byte, so a damaged manifest is refused (``CorruptManifest``, EIO), never read.
+  Every later version keeps the sealed payload a zstd frame of a JSON object carrying
+  ``"format"`` and ``"version"``, so this reader can name the version it refuses.
+* version 1 (read only): ``b"S4MF" + zstd(JSON)``, no checksum.
+
+Whatever the version, a loaded manifest is checked for consistency before use (and
+``to_bytes`` refuses to write one that fails): every index in range, extents contiguous
+from 0 and covering ``size``, the extents that map into each stream tiling it exactly,
+a delta base as long as its chunk and one level shallower, every ref to one blob (pack,
+offset) agreeing about it. So even a manifest damaged before it was sealed (or a
+version-1 one) is refused rather than making a read crash, hang, or read from the
+wrong place; what such damage can still do is caught by the chunk checksums and the
+whole-file hash.
 """
 
 from __future__ import annotations
@@ -26,11 +45,15 @@ from dataclasses import dataclass, field
 
 import zstandard
 
+from s4fs import sealed
 from s4fs.errors import CorruptManifest
 
 FORMAT = "s4fs-manifest"
-VERSION = 1
-_MAGIC = b"S4MF"
+VERSION = 2                 # the version written; versions 1 and 2 are read
+_MAGIC_V1 = b"S4MF"         # version 1: this magic, then the zstd frame, no checksum
+_MAX_CHECKSUM = (1 << 64) - 1
+_REMEDY = ("restore the object from a copy of the store (bucket versioning or a replica), "
+           "or delete the file and save it again")
 
 
 @dataclass
@@ -135,6 +158,8 @@ class Manifest:
     # --- serialisation ---------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
+        """The stored form: version 2, sealed. Refuses to serialise an inconsistent
+        manifest (it could not be read back)."""
         packs: dict[str, int] = {p: i for i, p in enumerate(self.own_packs)}
         streams = [{"kind": s.kind, "dtype": s.dtype, "name": s.name,
                     "chunks": [c.to_json(packs) for c in s.chunks]} for s in self.streams]
@@ -144,32 +169,183 @@ class Manifest:
                "packs": sorted(packs, key=packs.get), "streams": streams,
                "extents": [list(e) for e in self.extents], "names": self.names,
                "base": self.base, "own": len(self.own_packs)}
+        problem = _inconsistency(doc)
+        if problem:
+            raise CorruptManifest(
+                f"internal error: s4fs built an inconsistent manifest ({problem}) and did not "
+                f"store it; the file was not saved (please report this)")
         raw = json.dumps(doc, separators=(",", ":")).encode()
-        return _MAGIC + zstandard.ZstdCompressor(level=3).compress(raw)
+        return sealed.seal(sealed.KIND_MANIFEST, zstandard.ZstdCompressor(level=3).compress(raw))
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "manifest") -> "Manifest":
-        if not data.startswith(_MAGIC):
-            raise CorruptManifest(f"{where} is not an s4fs manifest (wrong magic)")
-        try:
-            doc = json.loads(zstandard.ZstdDecompressor().decompress(data[4:]))
-        except Exception as exc:
-            raise CorruptManifest(f"{where} is corrupt: {exc}") from None
-        if doc.get("format") != FORMAT:
-            raise CorruptManifest(f"{where} is not an s4fs manifest")
-        if doc.get("version") != VERSION:
+        """Parse a stored manifest (version 1 or 2); CorruptManifest (EIO) if it is damaged,
+        inconsistent, or written by a newer s4fs."""
+        data = bytes(data)
+        if data.startswith(_MAGIC_V1):
+            container, body = 1, data[len(_MAGIC_V1):]
+        elif sealed.is_sealed(data):
+            container, body = 2, sealed.unseal(data, kind=sealed.KIND_MANIFEST, where=where)
+        else:
+            raise CorruptManifest(f"{where} is not an s4fs manifest (wrong magic); {_REMEDY}")
+        doc = _inflate(body, where)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise CorruptManifest(f"{where} is not an s4fs manifest; {_REMEDY}")
+        version = doc.get("version")
+        if type(version) is int and version > VERSION:
             raise CorruptManifest(
-                f"{where} has manifest version {doc.get('version')}; this s4fs reads "
-                f"version {VERSION}: upgrade s4fs")
-        try:
-            packs = doc["packs"]
-            streams = [Stream(s["kind"], s["dtype"], s["name"],
-                              [ChunkRef.from_json(c, packs) for c in s["chunks"]])
-                       for s in doc["streams"]]
-            return cls(size=doc["size"], xxh128=doc["xxh128"], mtime=doc["mtime"],
-                       mode=doc["mode"], kind=doc["kind"], id=doc.get("id", ""),
-                       streams=streams, extents=[tuple(e) for e in doc["extents"]],
-                       names=doc.get("names", {}), base=doc.get("base"),
-                       own_packs=packs[: doc.get("own", 0)])
-        except (KeyError, IndexError, TypeError) as exc:
-            raise CorruptManifest(f"{where} is malformed: {exc!r}") from None
+                f"{where} has manifest version {version}; this s4fs reads versions 1 to "
+                f"{VERSION}: upgrade s4fs")
+        if version != container:
+            raise CorruptManifest(
+                f"{where} is corrupt: it says version {version!r} in a version-{container} "
+                f"container; {_REMEDY}")
+        problem = _inconsistency(doc)
+        if problem:
+            why = ("it was damaged before it was sealed (a faulty s4fs? please report it)"
+                   if container == 2 else "a version-1 manifest has no checksum: it was damaged")
+            raise CorruptManifest(f"{where} is inconsistent ({problem}): {why}; {_REMEDY}")
+        packs = doc["packs"]
+        streams = [Stream(s["kind"], s["dtype"], s["name"],
+                          [ChunkRef.from_json(c, packs) for c in s["chunks"]])
+                   for s in doc["streams"]]
+        return cls(size=doc["size"], xxh128=doc["xxh128"], mtime=doc["mtime"],
+                   mode=doc["mode"], kind=doc["kind"], id=doc.get("id", ""),
+                   streams=streams, extents=[tuple(e) for e in doc["extents"]],
+                   names=doc.get("names", {}), base=doc.get("base"),
+                   own_packs=packs[: doc.get("own", 0)])
+
+
+def _inflate(body: bytes, where: str):
+    """The JSON document in one zstd frame (nothing before or after it)."""
+    try:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        raw = d.decompress(body)
+        whole, trailing = d.eof, bool(d.unused_data)
+    except zstandard.ZstdError as exc:
+        raise CorruptManifest(f"{where} is corrupt ({exc}); {_REMEDY}") from None
+    if not whole or trailing:
+        raise CorruptManifest(f"{where} is corrupt (compressed body "
+                              f"{'truncated' if not whole else 'followed by trailing bytes'})"
+                              f"; {_REMEDY}")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptManifest(f"{where} is corrupt (not JSON: {exc}); {_REMEDY}") from None
+
+
+# --- consistency ---------------------------------------------------------------------
+
+class _Bad(Exception):
+    pass
+
+
+def _inconsistency(doc: dict) -> str | None:
+    """Why ``doc`` cannot be read safely, or None. Checks every field a read depends on."""
+    try:
+        _check(doc)
+    except _Bad as exc:
+        return str(exc)
+    except RecursionError:
+        return "chunk refs nested too deeply"
+    return None
+
+
+def _int(v, what: str, lo: int = 0, hi: int | None = None) -> int:
+    if type(v) is not int or v < lo or (hi is not None and v > hi):
+        raise _Bad(f"{what} is {v!r}")
+    return v
+
+
+def _is(v, types, what: str):
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise _Bad(f"{what} has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _check(doc: dict) -> None:
+    for k in ("packs", "streams", "extents", "size", "xxh128", "mtime", "mode", "kind"):
+        if k not in doc:
+            raise _Bad(f"no {k!r}")
+    packs = _is(doc["packs"], list, "packs")
+    for p in packs:
+        _is(p, str, "a pack key")
+    if len(set(packs)) != len(packs):
+        raise _Bad("a pack is listed twice")
+    _int(doc.get("own", 0), "'own'", 0, len(packs))
+    size = _int(doc["size"], "size")
+    _is(doc["xxh128"], str, "xxh128")
+    _is(doc["mtime"], (int, float), "mtime")
+    _int(doc["mode"], "mode")
+    _is(doc["kind"], str, "kind")
+    _is(doc.get("id", ""), str, "id")
+    _is(doc.get("names", {}), dict, "names")
+    if doc.get("base") is not None:
+        _is(doc["base"], dict, "base")
+
+    lengths, blobs = [], {}
+    for i, s in enumerate(_is(doc["streams"], list, "streams")):
+        _is(s, dict, f"stream {i}")
+        if s.get("kind") not in ("raw", "tensor"):
+            raise _Bad(f"stream {i} has kind {s.get('kind')!r}")
+        _is(s.get("dtype"), str, f"stream {i} dtype")
+        if s.get("name") is not None:
+            _is(s["name"], str, f"stream {i} name")
+        length = 0
+        for j, c in enumerate(_is(s.get("chunks"), list, f"stream {i} chunks")):
+            length += _check_ref(c, len(packs), f"stream {i} chunk {j}", blobs)
+        lengths.append(length)
+
+    pos, cursor = 0, [0] * len(lengths)
+    for i, e in enumerate(_is(doc["extents"], list, "extents")):
+        if not isinstance(e, list) or len(e) != 4:
+            raise _Bad(f"extent {i} is {e!r:.80}")
+        foff = _int(e[0], f"extent {i} file offset")
+        flen = _int(e[1], f"extent {i} length", 1)
+        sidx = _int(e[2], f"extent {i} stream index", 0, len(lengths) - 1)
+        soff = _int(e[3], f"extent {i} stream offset")
+        if foff != pos:
+            raise _Bad(f"extent {i} starts at {foff}, not where extent {i - 1} ends ({pos})")
+        if soff != cursor[sidx]:
+            raise _Bad(f"extent {i} maps stream {sidx} from {soff}, not from {cursor[sidx]} "
+                       f"where its previous extent ends")
+        if soff + flen > lengths[sidx]:
+            raise _Bad(f"extent {i} runs past the end of stream {sidx} "
+                       f"({soff + flen} > {lengths[sidx]} bytes of chunks)")
+        pos += flen
+        cursor[sidx] += flen
+    if pos != size:
+        raise _Bad(f"extents cover {pos} bytes of a {size}-byte file")
+    for i, (got, want) in enumerate(zip(cursor, lengths)):
+        if got != want:
+            raise _Bad(f"stream {i} holds {want} bytes of chunks but extents use {got}")
+
+
+def _check_ref(c, npacks: int, what: str, blobs: dict) -> int:
+    """Check one chunk ref (and its base chain); returns its raw length.
+
+    ``blobs`` maps each (pack, offset) seen so far to what its refs say of that blob: a
+    blob is written once, so every ref to it must agree (the reader caches decoded
+    chunks by that key, and a ref that were its own base would wait on itself)."""
+    _is(c, dict, what)
+    p = _int(c.get("p"), f"{what} pack index", 0, npacks - 1)
+    o = _int(c.get("o"), f"{what} offset")
+    n = _int(c.get("n"), f"{what} stored length", 1)
+    raw = _int(c.get("r"), f"{what} raw length", 1)
+    h = _int(c.get("h"), f"{what} checksum", 0, _MAX_CHECKSUM)
+    depth, base_key = 0, None
+    if "b" in c:
+        depth = _int(c.get("d"), f"{what} delta depth", 1)
+        base = _is(c["b"], dict, f"{what} base")
+        if _check_ref(base, npacks, f"{what} base", blobs) != raw:
+            raise _Bad(f"{what} has a delta base of another length")
+        if base.get("d", 0) != depth - 1:
+            raise _Bad(f"{what} has depth {depth} over a base of depth {base.get('d', 0)}")
+        base_key = (base["p"], base["o"])
+    elif "d" in c:
+        raise _Bad(f"{what} has a delta depth but no base")
+    blob = (n, raw, h, depth, base_key)
+    if blobs.setdefault((p, o), blob) != blob:
+        raise _Bad(f"{what} and another chunk ref disagree about the blob at pack {p} "
+                   f"offset {o}")
+    return raw

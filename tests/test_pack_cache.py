@@ -284,7 +284,8 @@ def test_large_save_over_s3_with_a_small_cache_disk(small_disk, make_s3_store, t
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.ingest import IngestConfig
 
-    cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False,
+    # no decoded cache: the reads below must go through the packs
+    cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False, decoded_cache_bytes=0,
                    ingest=IngestConfig(pack_size=8 * MiB))
     folder = os.path.join(small_disk, "packs")
     store = make_s3_store()

@@ -128,6 +128,10 @@ class LocalStore(Store):
             raise StoreError(f"{self.url}/{LAYOUT_MARKER} is damaged; it should hold "
                              f'{{"version": {LAYOUT_VERSION}}}') from None
         else:
+            if version < 1:                # layout 0 never has a marker: a damaged one
+                raise StoreError(f"{self.url}/{LAYOUT_MARKER} is damaged (version "
+                                 f"{version}); it should hold "
+                                 f'{{"version": {LAYOUT_VERSION}}}') from None
             if version > LAYOUT_VERSION:
                 raise StoreError(f"{self.url} was written with LocalStore layout "
                                  f"{version}; this s4fs reads layouts up to "
