@@ -1,6 +1,8 @@
 """Ingest benchmark: s4fs.save / s4fs.load vs torch.save / torch.load on local disk.
 
     python bench/ingest.py [--gib 1.0] [--repeat 3]
+    python bench/ingest.py --workers 1,2,4,8,16 [--gib 1.0]
+
 
 A ~1 GiB mixed bf16/fp32 state dict (real MiniLM weights tiled). Prints one table:
 stored %, save and load MB/s for both, and the peak RSS the s4fs pipeline adds over the
@@ -97,13 +99,72 @@ def one_size(gib: float, repeat: int, workdir: str) -> dict:
     return res
 
 
+def ingest_rate(gib: float, workers: int, repeat: int, workdir: str) -> dict:
+    """MB/s of the ingest pipeline alone (parse, code, pack, store on local disk) with
+    ``workers`` codec threads, over the bytes torch.save writes for the state dict."""
+    import io
+
+    import torch
+
+    from _data import mixed_state_dict
+    from s4fs.ingest import IngestConfig, IngestSession
+    from s4fs.stores import LocalStore
+    buf = io.BytesIO()
+    torch.save(mixed_state_dict(int(gib * (1 << 30))), buf)
+    data = memoryview(buf.getvalue())
+    cfg = IngestConfig(workers=workers, nice=0)
+    times = []
+    for i in range(repeat + 1):                # the first run warms the pools up
+        store = LocalStore(os.path.join(workdir, f"w{workers}-{i}"))
+        t0 = time.perf_counter()
+        s = IngestSession(store, cfg)
+        for off in range(0, len(data), 4 << 20):
+            s.write(data[off: off + (4 << 20)])
+        m = s.finish()
+        times.append(time.perf_counter() - t0)
+        shutil.rmtree(os.path.join(workdir, f"w{workers}-{i}"), ignore_errors=True)
+    return {"logical": len(data), "stored": m.stored_bytes(),
+            "s": statistics.median(times[1:])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--small-gib", type=float, default=0.25)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", help="comma-separated codec thread counts: print the "
+                                      "ingest pipeline's MB/s for each instead")
+    ap.add_argument("--child-workers", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_workers:
+        import json
+        work = tempfile.mkdtemp(prefix="s4fs-bench-")
+        try:
+            print(json.dumps(ingest_rate(args.gib, args.child_workers, args.repeat, work)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    if args.workers:
+        import json
+
+        from _common import machine, table
+        rows = []
+        for n in [int(x) for x in args.workers.split(",")]:     # a fresh process each
+            out = subprocess.run([sys.executable, __file__, "--child-workers", str(n),
+                                  "--gib", str(args.gib), "--repeat", str(args.repeat)],
+                                 capture_output=True, text=True)
+            if out.returncode:
+                print(out.stderr, file=sys.stderr)
+                return 1
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append([str(n), f"{r['logical'] / 2**30:.2f} GiB",
+                         f"{r['logical'] / 1e6 / r['s']:.0f}",
+                         f"{100 * r['stored'] / r['logical']:.1f}"])
+        print(f"# bench/ingest.py --workers — {machine()}; median of {args.repeat}; the "
+              f"ingest pipeline alone (parse, code, pack, store on local disk)")
+        print(table(["codec threads", "file", "ingest MB/s", "stored %"], rows))
+        return 0
     if args.child:
         work = tempfile.mkdtemp(prefix="s4fs-bench-")
         try:

@@ -169,16 +169,23 @@ class IngestSession:
         self._source = source
         self._base_streams = self._index_base(base)
         self._closed = False
+        self._stable = False
         self.started = time.time()
 
     # --- input -------------------------------------------------------------------------
 
-    def write(self, data) -> int:
+    def write(self, data, *, stable: bool = False) -> int:
+        """Take the next bytes of the file. ``stable``: ``data`` never changes (an
+        immutable ``bytes``), so whole chunks are coded straight from it, not copied."""
         if self._closed:
             raise ValueError("write to a finished ingest session")
         mv = memoryview(data).cast("B")
         self._hash.update(mv)
-        self._route(self.parser.feed(mv))
+        self._stable = stable
+        try:
+            self._route(self.parser.feed(mv))
+        finally:
+            self._stable = False
         return len(mv)
 
     def _route(self, pieces) -> None:
@@ -222,6 +229,10 @@ class IngestSession:
         step = self.cfg.chunk_size
         mv = memoryview(piece)
         while len(mv):
+            if self._stable and not self._tensor_buf and len(mv) >= step:
+                self._emit_tensor(mv[:step])            # zero-copy: a view of the input
+                mv = mv[step:]
+                continue
             room = step - len(self._tensor_buf)
             self._tensor_buf += mv[:room]
             mv = mv[room:]
@@ -231,12 +242,15 @@ class IngestSession:
     def _flush_tensor(self) -> None:
         if not self._tensor_buf:
             return
+        self._emit_tensor(bytes(self._tensor_buf))
+        self._tensor_buf = bytearray()
+
+    def _emit_tensor(self, chunk) -> None:
         idx = len(self._tensor.chunks) + sum(1 for p in self._pending if p.stream is self._tensor)
         base = None
         if self._tensor_base is not None and idx < len(self._tensor_base):
             base = self._tensor_base[idx]
-        self._emit(self._tensor, bytes(self._tensor_buf), self._tensor.dtype, base)
-        self._tensor_buf = bytearray()
+        self._emit(self._tensor, chunk, self._tensor.dtype, base)
 
     def _end_tensor(self) -> None:
         if self._tensor is not None:

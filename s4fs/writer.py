@@ -396,7 +396,7 @@ class WriteHandle:
             if not data:
                 raise S4Error(f"internal error: the spool of {self.path!r} is shorter than "
                               f"its size; nothing was committed")
-            s.write(data)
+            s.write(data, stable=True)
             lo += len(data)
 
     def _fail(self, exc: BaseException) -> None:
@@ -452,7 +452,7 @@ class WriteHandle:
                     with self._cond:
                         self._session = s
                 data = os.pread(self.spool.fd, hi - lo, lo)
-                s.write(data)
+                s.write(data, stable=True)
                 with self._cond:
                     if self._stream_ok:
                         self._ingested = lo + len(data)
