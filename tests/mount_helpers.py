@@ -58,7 +58,9 @@ class Mount:
 
     def stop(self) -> None:
         if os.path.ismount(self.path) or _stale(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", self.path], capture_output=True)
+            tool = ["fusermount3", "-u", "-z"] if shutil.which("fusermount3") else \
+                ["umount", "-l"]
+            subprocess.run(tool + [self.path], capture_output=True)
         deadline = time.monotonic() + 20
         while self.daemon_pids() and time.monotonic() < deadline:
             time.sleep(0.1)

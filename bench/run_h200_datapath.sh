@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The data-path measurements on the H200 box, in one go: build (C extension included),
+# the GPU tests, the FUSE trust/writeback tests, the ingest worker sweep, and the mount
+# benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
+# with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
+# in .gpubench/ (MiniLM tensors, for the ingest sweep). Usage: run_h200_datapath.sh [cpu|cuda]
+set -u
+R=$(pwd)
+OUT=${OUT:-/tmp/s4fs-h200}
+mkdir -p "$OUT"
+LOG=$OUT/h200.log
+export PYTHONUNBUFFERED=1
+run() {   # run SECONDS CMD...: one step, its output and exit status into the log
+    local t=$1; shift
+    echo "=== \$ $*" >>"$LOG"
+    local t0=$SECONDS
+    timeout "$t" "$@" >>"$LOG" 2>&1
+    echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
+}
+source .offline-kit/setup.sh >>"$LOG" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
+export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
+cd /tmp                                    # keep the source tree off sys.path
+nvidia-smi -L >>"$LOG" 2>&1; nproc >>"$LOG"
+run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
+W=$R/.gpubench/minilm-subset.safetensors
+T="python3 -m pytest -q -rs -p no:cacheprovider --rootdir $R"
+if [ "${1:-cpu}" = cpu ]; then
+run 150 $T "$R/tests/test_gpu.py" "$R/tests/test_shuffle.py"
+run 200 $T "$R/tests/test_trust.py" "$R/tests/test_writeback.py" -m "not s3"
+S4FS_BENCH_WEIGHTS=$W run 150 python3 "$R/bench/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 2
+run 300 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 3 --device cpu --work /tmp
+else
+run 280 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 3 --device cuda --modes default --work /tmp
+run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
+fi
+grep -E "^(===|\||#|[0-9]+ passed|FAILED)" "$LOG" | tail -60
