@@ -127,7 +127,7 @@ def timed(fn) -> float:
 
 
 def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
-             device: str, loads: int) -> dict:
+             device: str, loads: int, workers: int = 0) -> dict:
     import torch
     tag = mode
     mnt, local = os.path.join(work, f"mnt-{tag}"), os.path.join(work, f"local-{tag}")
@@ -136,6 +136,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     for d in (mnt, local, cache):
         os.makedirs(d, exist_ok=True)
     flags = ["--cache-dir", cache, "--device", device, "--gc-interval", "0"]
+    if workers:
+        flags += ["--workers", str(workers)]
     if mode == "writeback":
         flags.append("--writeback")
     cli("mount", store, mnt, *flags)
@@ -209,6 +211,7 @@ def main(argv=None) -> int:
                          "weights + fp32 AdamW")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
+    ap.add_argument("--workers", type=int, default=0, help="the mount's codec threads")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     args = ap.parse_args(argv)
     from _common import machine, table
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
     rows = []
     try:
         for mode in args.modes.split(","):
-            r = run_mode(mode, cks, work, args.store, args.device, args.loads)
+            r = run_mode(mode, cks, work, args.store, args.device, args.loads, args.workers)
             def ratio(a, b):
                 return f"{med(r[a]):.2f} / {med(r[b]):.2f} = {med(r[a]) / med(r[b]):.2f}x" \
                     if r.get(a) and r.get(b) else "-"
@@ -233,7 +236,8 @@ def main(argv=None) -> int:
                          f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"# bench/mount.py — {machine()}; codec device {args.device}; {len(cks)} "
+    print(f"# bench/mount.py — {machine()}; codec device {args.device}, "
+          f"{args.workers or 'one per core'} codec threads; {len(cks)} "
           f"consecutive checkpoints ({'GPT bf16 + fp32 AdamW' if args.source == 'gpt' else 'MiniLM + AdamW replicas'}, "
           f"{args.every} training steps apart); medians; seconds mount / local")
     print(table(["mode", "checkpoint", "save (local: +os.sync)", "then s4fs sync",

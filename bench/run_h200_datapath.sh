@@ -3,7 +3,8 @@
 # the GPU tests, the FUSE trust/writeback tests, the ingest worker sweep, and the mount
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
-# in .gpubench/ (MiniLM tensors, for the ingest sweep). Usage: run_h200_datapath.sh [cpu|cuda]
+# in .gpubench/ (MiniLM tensors, for the ingest sweep).
+# Usage: run_h200_datapath.sh [cpu|mount|codec]
 set -u
 R=$(pwd)
 OUT=${OUT:-/tmp/s4fs-h200}
@@ -30,8 +31,12 @@ run 150 $T "$R/tests/test_gpu.py" "$R/tests/test_shuffle.py"
 run 200 $T "$R/tests/test_trust.py" "$R/tests/test_writeback.py" -m "not s3"
 S4FS_BENCH_WEIGHTS=$W run 150 python3 "$R/bench/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 2
 run 300 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 3 --device cpu --work /tmp
+elif [ "$1" = mount ]; then       # both modes, then default mode with 4 threads and the GPU codec
+run 230 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
+run 100 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 3 --loads 1 --modes default --workers 4 --work /tmp
+run 120 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 3 --loads 1 --modes default --device cuda --work /tmp
+S4FS_BENCH_WEIGHTS=$W run 90 python3 "$R/bench/ingest.py" --workers 1,4,16 --gib 0.5 --repeat 1
 else
-run 280 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 3 --device cuda --modes default --work /tmp
 run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
 fi
 grep -E "^(===|\||#|[0-9]+ passed|FAILED)" "$LOG" | tail -60

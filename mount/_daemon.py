@@ -201,6 +201,9 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     if allow_other:
         opts.add("allow_other")
     opts.update(extra_options)
+    # FUSE requests are short; background coding threads are not: let a waiting request
+    # handler get the interpreter sooner than the default 5 ms
+    sys.setswitchinterval(0.001)
     pyfuse3.init(ops, mountpoint, opts)
     log.info("mounted %s at %s", fs.store.url, mountpoint)
 

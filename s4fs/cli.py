@@ -13,6 +13,7 @@ PATH is a file or folder in a store (a path under a local store root, ``file://`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -34,7 +35,11 @@ def _fs_config(args):
     from s4fs.fs import FsConfig
     from s4fs.ingest import IngestConfig
     size = getattr(args, "cache_size", None)
-    return FsConfig(ingest=IngestConfig(device=getattr(args, "device", None) or "cpu"),
+    workers = getattr(args, "workers", None)
+    ingest = IngestConfig(device=getattr(args, "device", None) or "cpu")
+    if workers:
+        ingest = dataclasses.replace(ingest, workers=workers)
+    return FsConfig(ingest=ingest,
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
@@ -77,6 +82,8 @@ def cmd_mount(args) -> int:
             argv.append("--writeback")
         if args.cache_size is not None:
             argv += ["--cache-size", args.cache_size]
+        if args.workers:
+            argv += ["--workers", str(args.workers)]
         log_file = args.log_file or (os.path.join(args.cache_dir, "s4fs-mount.log")
                                      if args.cache_dir else None)
         if args.cache_dir:
@@ -313,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cache-size",
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")
+    m.add_argument("--workers", type=int,
+                   help="codec threads (default: one per core)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_mount)
@@ -404,6 +413,8 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd.append("--writeback")
         elif k == "cache_size":
             cmd += ["--cache-size", v]
+        elif k == "workers":
+            cmd += ["--workers", v]
         elif k in ("uid", "gid"):
             cmd += [f"--{k}", v]
         elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):
