@@ -164,9 +164,13 @@ def test_appends_to_a_torch_file_while_open_see_true_size(mounted):
 
 # --- 2: a forked child or a dup'd fd closing mid-save commits nothing ------------------
 
+MODES = [pytest.param((), id="default"), pytest.param(("--writeback",), id="writeback")]
+
+
 @pytest.mark.fuse
-def test_fork_and_dup_mid_save_commit_no_torn_file(mount_factory):
-    m = mount_factory()
+@pytest.mark.parametrize("extra", MODES)
+def test_fork_and_dup_mid_save_commit_no_torn_file(mount_factory, extra):
+    m = mount_factory(extra=extra)
     path = os.path.join(m.path, "ckpt.pt")
     data = torch_bytes(big_state(16))
     half = len(data) // 2
@@ -183,15 +187,18 @@ def test_fork_and_dup_mid_save_commit_no_torn_file(mount_factory):
         os.write(fd, data[half:])
     finally:
         os.close(fd)
-    # close() of the writer committed the whole file before it returned
+    # close() of the writer committed the whole file before it returned (writeback:
+    # accepted it; `s4fs sync` waits for the commit)
+    m.sync()
     assert store_has(m.store, "ckpt.pt")
     assert read_fresh(m.store, "ckpt.pt") == data
 
 
 @pytest.mark.fuse
-def test_torch_save_with_a_forked_child_mid_save(mount_factory):
+@pytest.mark.parametrize("extra", MODES)
+def test_torch_save_with_a_forked_child_mid_save(mount_factory, extra):
     """torch.save while another thread forks a child that inherits its descriptor."""
-    m = mount_factory()
+    m = mount_factory(extra=extra)
     code = textwrap.dedent(f"""
         import os, subprocess, sys, threading, torch
         path = {os.path.join(m.path, 'ckpt.pt')!r}
@@ -212,6 +219,7 @@ def test_torch_save_with_a_forked_child_mid_save(mount_factory):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+    m.sync()
     data = read_fresh(m.store, "ckpt.pt")
     assert len(data) > 32 << 20 and looks_complete(lambda o, n: data[o: o + n], len(data))
 
@@ -233,11 +241,12 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.fuse
+@pytest.mark.parametrize("extra", MODES)
 def test_full_cache_disk_fails_write_and_close_old_version_stays(mount_factory, tmp_path,
-                                                                   small_disk):
+                                                                   small_disk, extra):
     store = str(tmp_path / "store")
     os.makedirs(store)
-    m = mount_factory(store=store, name="smallcache")
+    m = mount_factory(store=store, name="smallcache", extra=extra)
     # the mount's cache dir lives on the 16 MiB disk
     m.stop()
     m.cache = small_disk
@@ -246,6 +255,7 @@ def test_full_cache_disk_fails_write_and_close_old_version_stays(mount_factory, 
     old = os.urandom(4 << 20)
     with open(path, "wb") as f:
         f.write(old)
+    m.sync()
     raised = None
     f = open(path, "r+b", buffering=0)
     try:
@@ -291,8 +301,9 @@ def test_read_your_writes_on_rdwr(mounted, tmp_path):
 # --- 6: reopening one path in a loop never freezes the mount ---------------------------
 
 @pytest.mark.fuse
-def test_reopen_one_path_300_rounds_never_freezes(mount_factory, tmp_path):
-    m = mount_factory()
+@pytest.mark.parametrize("extra", MODES)
+def test_reopen_one_path_300_rounds_never_freezes(mount_factory, tmp_path, extra):
+    m = mount_factory(extra=extra)
     code = textwrap.dedent(f"""
         import io, os, torch
         d = {m.path!r}
