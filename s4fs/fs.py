@@ -81,7 +81,9 @@ class Filesystem:
         self.cfg = cfg or FsConfig()
         self._check_root()      # first: a store this s4fs cannot use leaves nothing behind
         self._own_cache = self.cfg.cache_dir is None
-        self.cache_dir = self.cfg.cache_dir or tempfile.mkdtemp(prefix="s4fs-cache-")
+        # absolute: the writeback journal records spool paths that must survive a restart
+        self.cache_dir = os.path.abspath(self.cfg.cache_dir or
+                                         tempfile.mkdtemp(prefix="s4fs-cache-"))
         self._cache_lock = _lock_cache_dir(self.cache_dir)
         self.spool_dir = os.path.join(self.cache_dir, "spool")
         os.makedirs(self.spool_dir, exist_ok=True)

@@ -21,7 +21,7 @@ When a file is committed (docs/SEMANTICS.md):
   or made by ``dup``) acts only if the file **looks complete** for its format
   (:func:`s4fs.parse.looks_complete`: a torch zip whose end record is written, a
   safetensors file as long as its header says; files of other formats always look
-  complete). A child closing its copy of the descriptor of a half-written checkpoint
+  complete once 9 bytes decide their format). A child closing its copy of the descriptor of a half-written checkpoint
   therefore commits nothing.
 * The **last release** (the kernel's last close of the last descriptor) acts on whatever
   the spool holds.

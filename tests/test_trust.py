@@ -361,3 +361,21 @@ def test_missing_pack_reads_as_eio_not_enoent(mount_factory, tmp_path):
     with open(os.path.join(m.cache, "s4fs-mount.log")) as f:
         log = f.read()
     assert "missing from the store" in log and "ckpt.pt" in log
+
+
+def test_only_a_whole_torch_file_looks_complete():
+    """The rule behind commit-at-flush: no prefix of a torch.save file looks complete."""
+    data = torch_bytes({"w": torch.randn(300), "b": torch.randn(7).half(), "n": 3})
+    read = lambda o, n: data[o: o + n]                      # noqa: E731
+    assert looks_complete(read, len(data))
+    for cut in range(len(data)):
+        assert not looks_complete(read, cut), cut
+    # safetensors: complete once as long as its header says; other bytes: always
+    import safetensors.torch
+    st = safetensors.torch.save({"w": torch.randn(100)})
+    st_read = lambda o, n: st[o: o + n]                     # noqa: E731
+    assert looks_complete(st_read, len(st))
+    assert not any(looks_complete(st_read, cut) for cut in range(9, len(st)))
+    text = b"epoch 1 loss 0.42\n"
+    assert looks_complete(lambda o, n: text[o: o + n], len(text))
+    assert not looks_complete(lambda o, n: text[o: o + n], 5)   # could start anything

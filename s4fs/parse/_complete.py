@@ -9,7 +9,9 @@ Looks only at a few bytes of the head and the tail, read through ``pread(offset,
   would have to end in that exact 22-byte pattern).
 * safetensors: the file is at least as long as its header says (8 + header length +
   the largest ``data_offsets`` end).
-* anything else: complete whenever asked (there is nothing to tell a prefix apart).
+* anything else: complete whenever asked (there is nothing to tell a prefix apart) —
+  once it has the 9 bytes that decide the format: a shorter file may be the start of
+  either (an empty file just created, a checkpoint whose first write is not there yet).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ _HEADER_CAP = 100 << 20
 def looks_complete(pread: Callable[[int, int], bytes], size: int) -> bool:
     """Whether the ``size`` bytes readable through ``pread`` form a whole file of their
     format; ``True`` for formats that cannot tell."""
-    head = pread(0, 9) if size else b""
+    if size < 9:
+        return False
+    head = pread(0, 9)
     if head[:4] == LOCAL:
         return _zip_complete(pread, size)
     if looks_like(head, _HEADER_CAP):
