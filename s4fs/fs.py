@@ -391,8 +391,13 @@ class Filesystem:
     def _rename_file(self, old: str, new: str) -> None:
         with self._lock:
             w = self._writers.pop(old, None)
+            displaced = self._writers.pop(new, None)
             if w is not None:
                 self._writers[new] = w
+        if displaced is not None and displaced is not w:
+            # the file being replaced may still be open (or closing): as on a local
+            # disk, what is written to it later goes nowhere
+            displaced.orphan()
         if w is not None and not w.moved(new):
             self._drop_writer(new, w)
         m = self._manifest_or_none(old, fresh=True)

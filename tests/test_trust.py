@@ -379,3 +379,23 @@ def test_only_a_whole_torch_file_looks_complete():
     text = b"epoch 1 loss 0.42\n"
     assert looks_complete(lambda o, n: text[o: o + n], len(text))
     assert not looks_complete(lambda o, n: text[o: o + n], 5)   # could start anything
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("extra", MODES)
+def test_rename_over_a_file_just_closed(mount_factory, extra):
+    """write a, write b, rename a over b at once (the closes' releases still in flight):
+    b holds a's bytes, also in the store, never b's."""
+    m = mount_factory(extra=extra)
+    a, b = os.path.join(m.path, "a"), os.path.join(m.path, "b")
+    for i in range(60):
+        body = f"A{i}" if i % 2 else f"A{i} " * 20          # below and above 9 bytes
+        with open(a, "w") as f:
+            f.write(body)
+        with open(b, "w") as f:
+            f.write(f"B{i}")
+        os.rename(a, b)
+        assert open(b).read() == body and not os.path.exists(a), i
+    m.sync()
+    time.sleep(1.2)                           # past the metadata TTL
+    assert read_fresh(m.store, "b").decode() == body
