@@ -87,9 +87,29 @@ def test_fsync_waits_for_the_commit(mount_factory):
         assert committed(m.store, "f.bin") == payload
 
 
+def scrape(metrics_dir: str) -> str:
+    """/metrics as the runner would serve it for a daemon recording into metrics_dir."""
+    code = ("import sys; from s4fs import metrics; metrics.serve_directory(sys.argv[1]); "
+            "sys.stdout.write(metrics.text().decode())")
+    return subprocess.run([sys.executable, "-c", code, metrics_dir], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+
+
+def gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 @pytest.mark.s3
 def test_store_down_status_sync_then_recovery_commits(request, mount_factory,
-                                                      s3_server_process):
+                                                      s3_server_process, tmp_path,
+                                                      monkeypatch):
+    from s4fs.service.health import commits_probe
+    metrics_dir = str(tmp_path / "metrics")
+    os.makedirs(metrics_dir)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", metrics_dir)   # the daemon records here
     proxy = FaultProxyProcess(s3_server_process)
     request.addfinalizer(proxy.close)
     bucket = s3_url(request, "x").split("/")[2]
@@ -105,6 +125,13 @@ def test_store_down_status_sync_then_recovery_commits(request, mount_factory,
                     ["pending"][0]["attempts"] >= 1)
     st = cli("status", m.path)
     assert "ckpt.pt" in st.stdout and "failing" in st.stdout
+    # /metrics and /healthz say so too
+    text = scrape(metrics_dir)
+    assert gauge(text, "s4fs_pending_commit_files") == 1
+    assert gauge(text, "s4fs_failing_commits") == 1
+    assert gauge(text, "s4fs_pending_commit_bytes") > 0
+    with pytest.raises(RuntimeError, match="ckpt.pt"):
+        commits_probe(m.path)()
     res = cli("sync", m.path, "--timeout", "20")
     assert res.returncode == 1 and "ckpt.pt" in res.stderr
     assert committed(direct, "ckpt.pt") is None
@@ -113,6 +140,8 @@ def test_store_down_status_sync_then_recovery_commits(request, mount_factory,
     proxy.clear()                                         # the store comes back
     res = cli("sync", m.path, "--timeout", "120")
     assert res.returncode == 0, res.stderr
+    assert gauge(scrape(metrics_dir), "s4fs_pending_commit_files") == 0
+    assert "0 files pending" in commits_probe(m.path)()
     got = committed(direct, "ckpt.pt")
     assert got is not None and hashlib.sha256(got).digest() == \
         hashlib.sha256(open(path, "rb").read()).digest()
