@@ -4,23 +4,7 @@
 # with the GPU codec. The GPU box has no network: run from the repo root with the offline
 # kit (`bash ../shared/tools/make-offline-kit.sh`) and the weights subset in .gpubench/.
 set -u
-R=$(pwd)
-OUT=${OUT:-/tmp/s4fs-h200}
-mkdir -p "$OUT"
-LOG=$OUT/h200.log
-export PYTHONUNBUFFERED=1
-run() {   # run SECONDS CMD...: one step, its output and exit status into the log
-    local t=$1; shift
-    echo "=== \$ $*" >>"$LOG"
-    local t0=$SECONDS
-    timeout "$t" "$@" >>"$LOG" 2>&1
-    echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
-}
-source .offline-kit/setup.sh >>"$LOG" 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
-export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
-cd /tmp                                    # keep the source tree off sys.path
-nvidia-smi -L >>"$LOG" 2>&1
+source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c; print('gpu_available', c.gpu_available())"
 W=$R/.gpubench/minilm-subset.safetensors
 if [ "${1:-all}" = all ]; then

@@ -6,23 +6,7 @@
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
 # Usage: run_h200_datapath.sh [cpu|mount|codec]
 set -u
-R=$(pwd)
-OUT=${OUT:-/tmp/s4fs-h200}
-mkdir -p "$OUT"
-LOG=$OUT/h200.log
-export PYTHONUNBUFFERED=1
-run() {   # run SECONDS CMD...: one step, its output and exit status into the log
-    local t=$1; shift
-    echo "=== \$ $*" >>"$LOG"
-    local t0=$SECONDS
-    timeout "$t" "$@" >>"$LOG" 2>&1
-    echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
-}
-source .offline-kit/setup.sh >>"$LOG" 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
-export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
-cd /tmp                                    # keep the source tree off sys.path
-nvidia-smi -L >>"$LOG" 2>&1; nproc >>"$LOG"
+source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
 W=$R/.gpubench/minilm-subset.safetensors
 T="python3 -m pytest -q -rs -p no:cacheprovider --rootdir $R"

@@ -175,30 +175,28 @@ class Filesystem:
                 except OSError:
                     pass
 
+    @staticmethod
+    def _pending_info(w: WriteHandle, no_error: str | None) -> dict:
+        return {"path": w.path, "bytes": w.size, "state": w.state.value,
+                "attempts": w.attempts, "accepted": w.accepted_at,
+                "error": str(w.last_error) if w.last_error else no_error}
+
     def pending(self) -> list[dict]:
         """Files accepted but not yet committed (writeback), oldest first."""
-        out = []
-        for w in self.committer.pending():
-            out.append({"path": w.path, "bytes": w.size, "state": w.state.value,
-                        "attempts": w.attempts,
-                        "error": str(w.last_error) if w.last_error else None,
-                        "accepted": w.accepted_at})
-        return out
+        return [self._pending_info(w, None) for w in self.committer.pending()]
 
     def sync(self, timeout: float | None = None) -> list[dict]:
         """Wait for every pending commit; returns the files that could not be committed
         (each failed at least once during the wait), empty when all are in the store."""
-        failed = self.committer.sync(timeout)
-        return [{"path": w.path, "bytes": w.size, "attempts": w.attempts,
-                 "error": str(w.last_error) if w.last_error else "still committing"}
-                for w in failed]
+        return [self._pending_info(w, "still committing")
+                for w in self.committer.sync(timeout)]
 
     def make_room(self, nbytes: int) -> bool:
         """The cache disk is full: the caches give space back (spools come first)."""
         freed = False
         if self.decoded is not None:
             freed = self.decoded.make_room(nbytes) or freed
-        if self.pack_cache is not None and hasattr(self.pack_cache, "make_room"):
+        if self.pack_cache is not None:
             freed = bool(self.pack_cache.make_room(nbytes)) or freed
         return freed
 

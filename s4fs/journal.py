@@ -24,6 +24,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 
+from s4fs._atomic import replace_from_temp
+
 log = logging.getLogger("s4fs.journal")
 
 VERSION = 1
@@ -51,18 +53,7 @@ class Journal:
         doc = {"version": VERSION, "path": e.path, "spool": e.spool, "mode": e.mode,
                "mtime": e.mtime, "size": e.size, "accepted": e.accepted}
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".entry-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._file(e.spool))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        replace_from_temp(fd, tmp, self._file(e.spool), json.dumps(doc).encode())
 
     def drop(self, spool: str) -> None:
         try:

@@ -25,6 +25,29 @@ from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
 
 
+class WholeFileHash:
+    """The whole-file hash of a version, extended over bytes read in order from offset 0;
+    ``see`` returns False once the end is reached and the hash does not match (True
+    otherwise). Reads out of order (torch.load's) simply stop the check."""
+
+    def __init__(self, m: Manifest) -> None:
+        self._m = m
+        self._h = xxhash.xxh3_128() if m.xxh128 else None
+        self._done = 0
+
+    def see(self, offset: int, data) -> bool:
+        h = self._h
+        end = offset + len(data)
+        if h is None or offset > self._done or end <= self._done:
+            return True
+        h.update(memoryview(data)[self._done - offset:])
+        self._done = end
+        if end < self._m.size:
+            return True
+        self._h = None
+        return h.hexdigest() == self._m.xxh128
+
+
 class ChunkSource:
     def __init__(self, store: Store, *, cache_bytes: int = 256 << 20, device: str = "auto",
                  workers: int = 0, blob_cache=None) -> None:
@@ -143,9 +166,7 @@ class FileReader:
         self.readahead = readahead
         self.path = path
         self._last_end = -1
-        # the whole-file hash, checked when the file is read from 0 to its end in order
-        self._hasher = xxhash.xxh3_128() if manifest.xxh128 else None
-        self._hashed = 0
+        self._whole = WholeFileHash(manifest)
 
     @property
     def size(self) -> int:
@@ -183,26 +204,14 @@ class FileReader:
         except MissingData as exc:
             raise MissingData(f"{self.path or 'a file'}: {exc}") from None
         self._last_end = end
-        if self._hasher is not None:
-            self._hash_through(offset, end, dest)
+        if not self._whole.see(offset, dest[: end - offset]):
+            raise ChecksumError(
+                f"{self.path or 'a file'}: the bytes read back do not match the file's "
+                f"recorded hash (every chunk passed its own check, so the manifest "
+                f"itself is wrong); do not trust this file — report it, with the store")
         if sequential and self.readahead and end < m.size:
             self.source.prefetch(self.refs_for(end, self.readahead))
         return end - offset
-
-    def _hash_through(self, offset: int, end: int, dest: memoryview) -> None:
-        """Extend the whole-file hash over bytes read in order; at the end, compare."""
-        if offset > self._hashed or end <= self._hashed:
-            return
-        self._hasher.update(dest[self._hashed - offset: end - offset])
-        self._hashed = end
-        if end == self.m.size:
-            got = self._hasher.hexdigest()
-            self._hasher = None
-            if got != self.m.xxh128:
-                raise ChecksumError(
-                    f"{self.path or 'a file'}: the bytes read back do not match the file's "
-                    f"recorded hash (every chunk passed its own check, so the manifest "
-                    f"itself is wrong); do not trust this file — report it, with the store")
 
     def _stream_into(self, sidx: int, soff: int, dest: memoryview) -> None:
         stream = self.m.streams[sidx]
@@ -257,9 +266,8 @@ class ReadHandle:
         self._on_bad = on_bad
         # local copies of a committed version are checked like the store's bytes: the
         # whole-file hash, when the file is read from start to end in order
-        self._hasher = xxhash.xxh3_128() if reader is None and manifest is not None \
-            and manifest.xxh128 else None
-        self._hashed = 0
+        self._whole = WholeFileHash(manifest) if reader is None and manifest is not None \
+            else None
         self.path = path
         self.opened = time.monotonic()
         self.nbytes = 0
@@ -293,21 +301,13 @@ class ReadHandle:
         return n
 
     def _check(self, offset: int, data) -> None:
-        if self._hasher is None or offset > self._hashed or \
-                offset + len(data) <= self._hashed:
-            return
-        self._hasher.update(memoryview(data)[self._hashed - offset:])
-        self._hashed = offset + len(data)
-        if self._hashed >= self._m.size:
-            ok = self._hasher.hexdigest() == self._m.xxh128
-            self._hasher = None
-            if not ok:
-                if self._on_bad is not None:
-                    self._on_bad()
-                raise ChecksumError(
-                    f"{self.path}: the local copy of this file does not match its recorded "
-                    f"hash (the cache disk corrupted it); it was dropped from the cache — "
-                    f"open the file again to read it from the store")
+        if self._whole is not None and not self._whole.see(offset, data):
+            if self._on_bad is not None:
+                self._on_bad()
+            raise ChecksumError(
+                f"{self.path}: the local copy of this file does not match its recorded "
+                f"hash (the cache disk corrupted it); it was dropped from the cache — "
+                f"open the file again to read it from the store")
 
     def release(self) -> None:
         if self.nbytes:

@@ -138,10 +138,6 @@ class WriteHandle:
     def size(self) -> int:
         return self.spool.size
 
-    @property
-    def dirty(self) -> bool:
-        return self.state is State.STREAMING
-
     # --- operations ------------------------------------------------------------------
 
     def write(self, offset: int, data) -> int:

@@ -37,6 +37,8 @@ from typing import Iterator
 
 from s4fs.errors import NotFound, PermissionDenied, S4Error, StoreError
 
+from s4fs._atomic import replace_from_temp
+
 from .base import (
     NAME_MAX,
     NameTooLong,
@@ -256,20 +258,7 @@ class LocalStore(Store):
             except FileNotFoundError:     # a delete pruned the folder we just made
                 if attempt == 4:
                     raise
-        try:
-            with os.fdopen(fd, "wb") as f:
-                if header:
-                    f.write(header)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        replace_from_temp(fd, tmp, path, header, data)
 
     def delete(self, key) -> None:
         try:
