@@ -7,6 +7,7 @@ none is found above it), or ``s3://bucket/prefix/...`` the same way.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import io
 import os
@@ -24,12 +25,27 @@ _open: dict[str, Filesystem] = {}
 
 
 def filesystem(store_url: str, cfg: FsConfig | None = None) -> Filesystem:
-    """A (cached) Filesystem for a store URL."""
+    """A (cached) Filesystem for a store URL. The API reads files straight into the
+    caller's memory, so it keeps no decoded-file cache on disk (a mount does)."""
     with _lock:
         fs = _open.get(store_url)
         if fs is None:
-            fs = _open[store_url] = Filesystem(open_store(store_url), cfg)
+            fs = _open[store_url] = Filesystem(
+                open_store(store_url), cfg or FsConfig(decoded_cache_bytes=0))
         return fs
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every Filesystem the API opened (their temporary cache dirs go too)."""
+    with _lock:
+        opened = list(_open.values())
+        _open.clear()
+    for fs in opened:
+        try:
+            fs.close()
+        except Exception:                              # noqa: BLE001 - exiting anyway
+            pass
 
 
 def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:

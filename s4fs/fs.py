@@ -81,9 +81,11 @@ class Filesystem:
         self.cfg = cfg or FsConfig()
         self._check_root()      # first: a store this s4fs cannot use leaves nothing behind
         self._own_cache = self.cfg.cache_dir is None
+        if self._own_cache:
+            _sweep_stale_temp_caches()
         # absolute: the writeback journal records spool paths that must survive a restart
         self.cache_dir = os.path.abspath(self.cfg.cache_dir or
-                                         tempfile.mkdtemp(prefix="s4fs-cache-"))
+                                         tempfile.mkdtemp(prefix=TEMP_CACHE_PREFIX))
         self._cache_lock = _lock_cache_dir(self.cache_dir)
         self.spool_dir = os.path.join(self.cache_dir, "spool")
         os.makedirs(self.spool_dir, exist_ok=True)
@@ -568,6 +570,39 @@ class Filesystem:
         return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
                              source=self.source, on_pack=self.pack_cache.put
                              if self.pack_cache is not None else None)
+
+
+TEMP_CACHE_PREFIX = "s4fs-cache-"
+
+
+def _sweep_stale_temp_caches() -> None:
+    """Remove the temporary cache dirs of s4fs processes that died without closing
+    (kill -9, a crash): their decoded-file and pack caches can hold gigabytes. A dir
+    still locked belongs to a live process and is left alone, and so is one whose
+    journal still names files (a writeback mount's accepted bytes: kept, and logged)."""
+    import fcntl
+    import glob
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), TEMP_CACHE_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR)
+        except OSError:
+            continue                  # not made by this s4fs
+        try:
+            if time.time() - os.fstat(fd).st_mtime < 60:
+                continue              # just made: its owner may not hold the lock yet
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            journal = os.path.join(folder, "journal")
+            if os.path.isdir(journal) and os.listdir(journal):
+                log.warning("%s holds the journal of a writeback mount that died; its "
+                            "files are not committed: mount with --cache-dir %s to "
+                            "commit them", folder, folder)
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _lock_cache_dir(folder: str) -> int:

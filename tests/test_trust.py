@@ -399,3 +399,48 @@ def test_rename_over_a_file_just_closed(mount_factory, extra):
     m.sync()
     time.sleep(1.2)                           # past the metadata TTL
     assert read_fresh(m.store, "b").decode() == body
+
+
+def _temp_cache(parent, name, *, age=3600.0, journal=False):
+    d = parent / f"s4fs-cache-{name}"
+    (d / "decoded").mkdir(parents=True)
+    (d / "decoded" / "x").write_bytes(b"\0" * 4096)
+    lock = d / ".lock"
+    lock.touch()
+    os.utime(lock, (time.time() - age, time.time() - age))
+    if journal:
+        (d / "journal").mkdir()
+        (d / "journal" / "a.json").write_text("{}")
+    return d
+
+
+def test_dead_processes_temp_caches_are_swept_live_ones_kept(tmp_path, monkeypatch):
+    """A process killed without closing left a temporary cache dir (CI once filled its
+    disk with hundreds of them): the next Filesystem with no --cache-dir removes the
+    dead ones, and keeps a locked one, a just-made one and one holding a journal."""
+    import fcntl
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = _temp_cache(tmp_path, "dead")
+    live = _temp_cache(tmp_path, "live")
+    young = _temp_cache(tmp_path, "young", age=0)
+    accepted = _temp_cache(tmp_path, "journal", journal=True)
+    other = tmp_path / "s4fs-cache-notours"
+    other.mkdir()
+    fd = os.open(live / ".lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        store = tmp_path / "store"
+        store.mkdir()
+        fs = Filesystem(LocalStore(str(store)), FsConfig())
+        try:
+            assert not dead.exists()
+            assert live.exists() and young.exists() and other.exists()
+            assert (accepted / "journal" / "a.json").exists()
+            assert os.path.dirname(fs.cache_dir) == str(tmp_path)
+            own = fs.cache_dir
+        finally:
+            fs.close()
+        assert not os.path.exists(own)           # its own temp cache goes at close
+    finally:
+        os.close(fd)
