@@ -194,6 +194,14 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
 
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
+    ingest = fs.cfg.ingest
+    if ingest.processes and ingest.device == "cpu":
+        # start the coding worker processes now, beside the mount: the first save
+        # should not wait for interpreters to start
+        from s4fs import workers as coding
+        coding_pool = coding.pool(ingest.workers, ingest.nice)
+        threading.Thread(target=coding_pool.warm, daemon=True,
+                         name="s4fs-workers-start").start()
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
     opts.add("fsname=" + (source or fs.store.url).replace(",", "%2C"))
@@ -238,6 +246,8 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         _notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         fs.close()
+        from s4fs import workers as coding
+        coding.shutdown()
         log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
 
 

@@ -36,7 +36,10 @@ def _fs_config(args):
     from s4fs.ingest import IngestConfig
     size = getattr(args, "cache_size", None)
     workers = getattr(args, "workers", None)
-    ingest = IngestConfig(device=getattr(args, "device", None) or "cpu")
+    # a mount codes in worker processes (s4fs.workers); --workers 0 codes in the
+    # daemon's own threads instead
+    ingest = IngestConfig(device=getattr(args, "device", None) or "cpu",
+                          processes=workers != 0)
     if workers:
         ingest = dataclasses.replace(ingest, workers=workers)
     return FsConfig(ingest=ingest,
@@ -321,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")
     m.add_argument("--workers", type=int,
-                   help="codec threads (default: one per core)")
+                   help="coding worker processes (default: one per core; 0: code in the "
+                        "daemon's own threads)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     m.add_argument("-v", "--verbose", action="store_true")
     m.set_defaults(fn=cmd_mount)

@@ -99,6 +99,12 @@ class DecodedCache:
             pass
         return fd
 
+    def path_of(self, vid: str) -> str | None:
+        """The entry's file (for a worker process to read), or None. It may be evicted
+        at any moment: readers open it and check what they read against a checksum."""
+        with self._lock:
+            return self._path(vid) if vid in self._lru else None
+
     def discard(self, vid: str) -> None:
         with self._lock:
             self._lru.pop(vid, None)

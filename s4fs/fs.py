@@ -560,16 +560,23 @@ class Filesystem:
             if self._writers.get(w.path) is w:
                 del self._writers[w.path]
 
-    def new_session(self, path: str, previous: Manifest | None) -> IngestSession:
+    def new_session(self, path: str, previous: Manifest | None,
+                    spool: str | None = None) -> IngestSession:
+        """The ingest of a new version of ``path``; ``spool``: the file it is fed from
+        (then the coding may run in worker processes that read it, s4fs.workers)."""
         base = base_path = None
         if self.cfg.delta:
             from s4fs.delta import choose_base
             chosen = choose_base(self, path, previous)
             if chosen is not None:
                 base_path, base = chosen
+        base_file = None
+        if base is not None and self.decoded is not None:
+            base_file = self.decoded.path_of(base.id)
         return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
                              source=self.source, on_pack=self.pack_cache.put
-                             if self.pack_cache is not None else None)
+                             if self.pack_cache is not None else None,
+                             spool_path=spool, base_file=base_file, label=path)
 
 
 TEMP_CACHE_PREFIX = "s4fs-cache-"

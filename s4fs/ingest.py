@@ -15,6 +15,7 @@ writes it (the commit). Nothing the session wrote is visible before that.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import uuid
 from collections import deque
@@ -45,6 +46,11 @@ class IngestConfig:
     nice: int = 10
     max_delta_depth: int = 4           # a delta chain never grows past this
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
+    # A session fed from a spool file codes in worker processes (s4fs.workers) when
+    # this is set (the mount sets it): chunks are sent as spool byte ranges in batches
+    # of about batch_bytes, one pack each.
+    processes: bool = False
+    batch_bytes: int = 16 << 20
 
 
 def lower_priority(nice: int) -> None:
@@ -143,7 +149,9 @@ class IngestSession:
 
     def __init__(self, store: Store, cfg: IngestConfig = IngestConfig(), *,
                  base: Manifest | None = None, base_path: str | None = None, source=None,
-                 parser=None, on_pack: Callable | None = None) -> None:
+                 parser=None, on_pack: Callable | None = None,
+                 spool_path: str | None = None, base_file: str | None = None,
+                 label: str = "") -> None:
         if parser is None:
             from s4fs.parse import new_parser
             parser = new_parser()
@@ -151,6 +159,8 @@ class IngestSession:
         self.parser = parser
         self.packs = PackWriter(store, cfg, on_pack)
         self.size = 0
+        self.label = label
+        self._written = 0                     # bytes given to write()
         self._hash = xxhash.xxh3_128()        # over the bytes given to write()
         self._routed = xxhash.xxh3_128()      # over the bytes the parser handed back
         self._raw = Stream("raw")
@@ -171,6 +181,10 @@ class IngestSession:
         self._closed = False
         self._stable = False
         self.started = time.time()
+        # worker-process coding (s4fs.workers): the bytes stay in the spool file
+        self._proc = None
+        if spool_path is not None and cfg.processes and cfg.device == "cpu":
+            self._proc = _ProcessCoding(self, spool_path, base_file)
 
     # --- input -------------------------------------------------------------------------
 
@@ -181,6 +195,7 @@ class IngestSession:
             raise ValueError("write to a finished ingest session")
         mv = memoryview(data).cast("B")
         self._hash.update(mv)
+        self._written += len(mv)
         self._stable = stable
         try:
             self._route(self.parser.feed(mv))
@@ -193,14 +208,19 @@ class IngestSession:
             n = len(piece)
             if n == 0:
                 continue
-            self._routed.update(piece)
+            if self._proc is None:
+                self._routed.update(piece)
             if seg.kind == "tensor":
                 self._tensor_piece(seg, piece)
             else:
                 self._end_tensor()
                 self._extend(0, self._raw_len, n)
-                self._raw_buf += piece
                 self._raw_len += n
+                if self._proc is not None:
+                    self._proc.raw_piece(self.size, piece)
+                    self.size += n
+                    continue
+                self._raw_buf += piece
                 while len(self._raw_buf) >= self.cfg.chunk_size:
                     chunk = bytes(self._raw_buf[: self.cfg.chunk_size])
                     del self._raw_buf[: self.cfg.chunk_size]
@@ -226,6 +246,9 @@ class IngestSession:
         sidx = len(self._streams) - 1
         self._extend(sidx, self._tensor_len, len(piece))
         self._tensor_len += len(piece)
+        if self._proc is not None:
+            self._proc.tensor_piece(self.size, piece)
+            return
         step = self.cfg.chunk_size
         mv = memoryview(piece)
         while len(mv):
@@ -240,6 +263,9 @@ class IngestSession:
                 self._flush_tensor()
 
     def _flush_tensor(self) -> None:
+        if self._proc is not None:
+            self._proc.end_tensor_chunk()
+            return
         if not self._tensor_buf:
             return
         self._emit_tensor(bytes(self._tensor_buf))
@@ -247,10 +273,13 @@ class IngestSession:
 
     def _emit_tensor(self, chunk) -> None:
         idx = len(self._tensor.chunks) + sum(1 for p in self._pending if p.stream is self._tensor)
-        base = None
-        if self._tensor_base is not None and idx < len(self._tensor_base):
-            base = self._tensor_base[idx]
+        base = self._base_chunk(idx)
         self._emit(self._tensor, chunk, self._tensor.dtype, base)
+
+    def _base_chunk(self, idx: int) -> ChunkRef | None:
+        if self._tensor_base is not None and idx < len(self._tensor_base.chunks):
+            return self._tensor_base.chunks[idx]
+        return None
 
     def _end_tensor(self) -> None:
         if self._tensor is not None:
@@ -267,11 +296,10 @@ class IngestSession:
         return {(s.name, s.dtype, s.length): s for s in base.streams
                 if s.kind == "tensor" and s.name is not None}
 
-    def _match_base(self, seg) -> list[ChunkRef] | None:
+    def _match_base(self, seg) -> Stream | None:
         if not self._base_streams or seg.length is None:
             return None
-        s = self._base_streams.get((seg.name, seg.dtype, seg.length))
-        return s.chunks if s is not None else None
+        return self._base_streams.get((seg.name, seg.dtype, seg.length))
 
     # --- coding ------------------------------------------------------------------------
 
@@ -319,12 +347,14 @@ class IngestSession:
         """Flush everything, wait until every pack is stored, and return the manifest."""
         self._route(self.parser.finish())
         self._end_tensor()
+        if self._proc is not None:
+            self._proc.finish()
         if self._raw_buf:
             self._emit(self._raw, bytes(self._raw_buf), "bytes", None)
             self._raw_buf = bytearray()
         while self._pending:
             self._drain_one()
-        if self._routed.digest() != self._hash.digest():
+        if self._proc is None and self._routed.digest() != self._hash.digest():
             # the parser must hand back exactly the bytes it was fed; never commit otherwise
             raise CodecError(
                 "internal error: the stream parser did not return the bytes it was given; "
@@ -341,7 +371,8 @@ class IngestSession:
                         mtime=time.time() if mtime is None else mtime, mode=mode,
                         kind=getattr(self.parser, "format", "raw"), id=uuid.uuid4().hex,
                         streams=streams, extents=[tuple(e) for e in self._extents],
-                        names=names, own_packs=list(self.packs.keys),
+                        names=names, own_packs=list(self.packs.keys) +
+                        (self._proc.packs if self._proc is not None else []),
                         base=self._base_info)
 
     def abort(self) -> None:
@@ -351,3 +382,188 @@ class IngestSession:
             p.future.cancel()
         self._pending.clear()
         self.packs.abandon()
+        if self._proc is not None:
+            self._proc.abort()
+
+
+class _Chunk:
+    """A chunk being gathered for a worker: its spool ranges and a running hash."""
+
+    __slots__ = ("ranges", "length", "hasher")
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.length = 0
+        self.hasher = xxhash.xxh3_64()
+
+    def add(self, offset: int, piece) -> None:
+        n = len(piece)
+        if self.ranges and sum(self.ranges[-1]) == offset:
+            o, m = self.ranges[-1]
+            self.ranges[-1] = (o, m + n)
+        else:
+            self.ranges.append((offset, n))
+        self.length += n
+        self.hasher.update(piece)
+
+
+class _Batch:
+    __slots__ = ("items", "pending", "nbytes", "key", "future", "result")
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.nbytes = 0
+        self.key = ""
+        self.future: Future | None = None
+        self.result = None
+
+
+class _ProcessCoding:
+    """The worker-process side of a session fed from a spool file (s4fs.workers): chunks
+    become spool byte ranges, batched; the daemon keeps only hashes and positions."""
+
+    def __init__(self, session: "IngestSession", spool_path: str,
+                 base_file: str | None) -> None:
+        from s4fs import workers
+        self.s = session
+        self.cfg = session.cfg
+        self.pool = workers.pool(self.cfg.workers, self.cfg.nice)
+        self.store_spec = pickle.dumps(session.store)
+        self.spool = spool_path
+        self.base_file = base_file if session._base is not None else None
+        self.packs: list[str] = []
+        self._pending: deque = deque()      # (stream, batch, index, raw, checksum, base)
+        self._batch = _Batch()
+        self._submitted: deque[_Batch] = deque()
+        self._raw = _Chunk()
+        self._tensor = _Chunk()
+        self._tensor_idx = 0                # chunks emitted for the current tensor
+        self._base_ext: dict[int, list[tuple[int, int, int]]] = {}
+        base = session._base
+        if base is not None and self.base_file is not None:
+            for foff, n, sidx, soff in base.extents:
+                self._base_ext.setdefault(sidx, []).append((soff, foff, n))
+            self._base_idx = {id(st): i for i, st in enumerate(base.streams)}
+
+    # --- pieces in -------------------------------------------------------------------
+
+    def raw_piece(self, offset: int, piece) -> None:
+        self._cut(offset, piece, "_raw", self._emit_raw)
+
+    def tensor_piece(self, offset: int, piece) -> None:
+        self._cut(offset, piece, "_tensor", self._emit_tensor)
+
+    def _cut(self, offset: int, piece, which: str, emit) -> None:
+        """Add ``piece`` (at spool ``offset``) to the chunk ``which``; each time it is
+        full, ``emit`` sends it off and starts the next."""
+        step = self.cfg.chunk_size
+        mv = memoryview(piece)
+        while len(mv):
+            chunk = getattr(self, which)
+            take = mv[: step - chunk.length]
+            chunk.add(offset, take)
+            offset += len(take)
+            mv = mv[len(take):]
+            if chunk.length == step:
+                emit()
+
+    def _emit_raw(self) -> None:
+        self._emit(self.s._raw, self._raw, "bytes", None, None)
+        self._raw = _Chunk()
+
+    def end_tensor_chunk(self) -> None:
+        """The current tensor ends: its last, shorter chunk goes too."""
+        if self._tensor.length:
+            self._emit_tensor()
+        self._tensor_idx = 0
+
+    def _emit_tensor(self) -> None:
+        base = self.s._base_chunk(self._tensor_idx)
+        where = self._base_range(self._tensor_idx) if base is not None else None
+        self._emit(self.s._tensor, self._tensor, self.s._tensor.dtype, base, where)
+        self._tensor_idx += 1
+        self._tensor = _Chunk()
+
+    def _base_range(self, idx: int) -> tuple[int, int] | None:
+        """Where base chunk ``idx`` of the matched base stream lies in the base version's
+        file (its decoded-cache copy), if in one extent."""
+        st = self.s._tensor_base
+        if not self._base_ext or st is None:
+            return None
+        sidx = self._base_idx.get(id(st))
+        soff = st.starts()[idx]
+        n = st.chunks[idx].raw
+        for es, fo, en in self._base_ext.get(sidx, ()):
+            if es <= soff and soff + n <= es + en:
+                return (fo + soff - es, n)
+        return None
+
+    # --- batches ---------------------------------------------------------------------
+
+    def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where) -> None:
+        from s4fs.workers import Item
+        sum_ = chunk.hasher.intdigest()
+        b = self._batch
+        b.items.append(Item(tuple(chunk.ranges), dtype, sum_, base, where))
+        b.nbytes += chunk.length
+        self._pending.append((stream, b, len(b.items) - 1, chunk.length, sum_, base))
+        if b.nbytes >= self.cfg.batch_bytes or len(b.items) >= 1024:
+            self._submit()
+
+    def _submit(self) -> None:
+        from s4fs.workers import Job
+        b = self._batch
+        if not b.items:
+            return
+        self._batch = _Batch()
+        while len(self._submitted) >= 2 * max(1, self.cfg.workers):
+            self._drain_oldest()
+        b.key = keys.new_pack_key()
+        b.future = self.pool.submit(Job(self.store_spec, self.spool, b.key, tuple(b.items),
+                                        self.base_file, self.cfg.max_delta_depth,
+                                        self.cfg.delta_min_gain))
+        self._submitted.append(b)
+
+    def _drain_oldest(self) -> None:
+        b = self._submitted[0]
+        while self._pending and self._pending[0][1] is b:
+            self._drain_one()
+        if self._submitted and self._submitted[0] is b:
+            self._submitted.popleft()
+
+    def _drain_one(self) -> None:
+        from s4fs.workers import DELTA, SAME
+        stream, b, i, raw, sum_, base = self._pending.popleft()
+        if b.result is None:
+            b.result = self.pool.result(b.future, repr(self.s.label or self.spool))
+            if b.result.stored:
+                self.packs.append(b.key)
+        r = b.result.items[i]
+        if r.kind == SAME:
+            ref = base
+        elif r.kind == DELTA:
+            ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, base.depth + 1, base)
+        else:
+            ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, 0, None)
+        stream.chunks.append(ref)
+        if self._submitted and self._submitted[0] is b and \
+                (not self._pending or self._pending[0][1] is not b):
+            self._submitted.popleft()
+
+    def finish(self) -> None:
+        if self._raw.length:
+            self._emit_raw()
+        self._submit()
+        while self._pending:
+            self._drain_one()
+        if self.s.size != self.s._written:
+            raise CodecError(
+                "internal error: the stream parser did not return the bytes it was given; "
+                "the file was not stored (please report this with the file)")
+
+    def abort(self) -> None:
+        for b in self._submitted:
+            if b.future is not None:
+                b.future.cancel()
+        self._submitted.clear()
+        self._pending.clear()

@@ -303,7 +303,7 @@ class WriteHandle:
             if s is None or not self._stream_ok:
                 if s is not None:
                     s.abort()
-                s = self.fs.new_session(self.path, self.previous)
+                s = self.fs.new_session(self.path, self.previous, self.spool.name)
                 start = 0
             else:
                 start = self._ingested
@@ -451,7 +451,7 @@ class WriteHandle:
                     self._claimed = hi
                     s = self._session
                 if s is None:
-                    s = self.fs.new_session(self.path, self.previous)
+                    s = self.fs.new_session(self.path, self.previous, self.spool.name)
                     with self._cond:
                         self._session = s
                 data = os.pread(self.spool.fd, hi - lo, lo)

@@ -110,6 +110,10 @@ class LocalStore(Store):
         self._layout: int | None = None       # found on first use (see _layout_version)
         self._marked = False                   # .s4fs-layout known to be on disk
 
+    def __reduce__(self):
+        # worker processes (s4fs.workers) get the store by pickle: its root is enough
+        return (LocalStore, (str(self.root),))
+
     # --- layout ----------------------------------------------------------------------
 
     def _layout_version(self) -> int:

@@ -260,6 +260,10 @@ class S3Store(Store):
         base = S3Options.from_strings(dict(parse_qsl(parts.query, keep_blank_values=True)))
         return cls(parts.netloc, unquote(parts.path), base, **options)
 
+    def __reduce__(self):
+        # worker processes (s4fs.workers) get the store by pickle and make their own client
+        return (S3Store, (self.bucket, self.prefix, self.options))
+
     def __repr__(self) -> str:
         where = f" at {self.options.endpoint_url}" if self.options.endpoint_url else ""
         return f"S3Store({self.url!r}{where})"

@@ -1,0 +1,296 @@
+"""The coding workers: processes that turn spool byte ranges into stored packs.
+
+The mount's daemon moves bytes; it does not code them. For a file being written it reads
+the spool's written prefix once, in order, for the cheap sequential work — the stream
+parser (zip headers, the pickle scan), the whole-file hash and a 64-bit hash of every
+chunk — and hands the coding to this pool as **batches**: lists of chunks, each named by
+its byte ranges in the spool file (never the bytes themselves), with its dtype and, for a
+delta, its base chunk. A worker process (own interpreter, own GIL, lower CPU priority):
+
+1. ``pread``s each chunk's ranges from the spool by path;
+2. checksums it, codes it (byte planes, or an XOR delta against its base: the base's
+   bytes are read from the decoded-cache file of the base version when it is there and
+   its checksum matches, else fetched and decoded from the store);
+3. appends the blobs to one pack and ``put``s it in the store under the key the daemon
+   chose (a batch whose chunks all equal their bases stores nothing);
+4. returns, per chunk, where its blob lies in the pack and its checksum.
+
+The daemon checks each returned checksum against its own (a spool that changed under the
+worker, or a parser that lost a byte, fails the save, never stores wrong bytes) and
+builds the manifest. Nothing about the spool's bytes is pickled through the pool's pipes
+but these small descriptions.
+
+Contract: ``pool(workers, nice)`` is the process-wide pool (started on first use, started
+again after a worker died); :func:`code_batch` runs in a worker; a worker that dies
+fails the futures of its pool with :class:`WorkerDied`. Memory: each worker holds at most
+one batch (``IngestConfig.batch_bytes``, 16 MiB raw) plus its coded blobs and the codec's
+scratch, about 4× the batch (~70 MiB) on top of its interpreter (~60 MiB); the daemon
+keeps at most ``2 × workers`` batches in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from s4fs.errors import CodecError
+from s4fs.manifest import ChunkRef
+
+FULL, DELTA, SAME = 0, 1, 2          # how a chunk was stored (see ItemResult.kind)
+
+
+class WorkerDied(CodecError):
+    """A coding worker process ended (killed, out of memory) while coding a batch."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One chunk to code: its bytes are ``ranges`` of the spool, concatenated."""
+    ranges: tuple[tuple[int, int], ...]   # (offset, length) in the spool file
+    dtype: str
+    checksum: int                          # what the daemon hashed; the worker checks it
+    base: ChunkRef | None = None
+    base_range: tuple[int, int] | None = None   # where the base lies in base_file
+
+
+@dataclass(frozen=True)
+class Job:
+    store: bytes                  # the pickled Store (workers keep one per spec)
+    spool: str                    # path of the spool file
+    pack: str                     # key to store the batch's pack under
+    items: tuple[Item, ...]
+    base_file: str | None = None  # decoded-cache file of the delta base version
+    max_delta_depth: int = 4
+    delta_min_gain: float = 0.9
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    kind: int          # FULL, DELTA (on the item's base) or SAME (the base chunk itself)
+    offset: int        # of its blob in the pack (FULL, DELTA)
+    stored: int
+
+
+@dataclass(frozen=True)
+class JobResult:
+    items: tuple[ItemResult, ...]
+    stored: int        # bytes put in the store (0: no pack was written)
+
+
+# --- the worker side ---------------------------------------------------------------------
+
+_stores: dict[bytes, object] = {}
+_sources: dict[bytes, object] = {}
+
+
+def _init_worker(nice: int, parent: int) -> None:
+    if nice > 0:
+        try:
+            os.nice(nice)
+        except OSError:
+            pass
+    # A worker must not outlive its daemon (kill -9, a crash): the pool's pipes do not
+    # tell it, as every worker holds their write ends. Watch the parent instead.
+    # (Not PR_SET_PDEATHSIG: that fires when the *thread* that started us ends.)
+    def watch():
+        import time
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="s4fs-parent-watch").start()
+
+
+def _open(spec: bytes):
+    store = _stores.get(spec)
+    if store is None:
+        store = _stores[spec] = pickle.loads(spec)
+    return store
+
+
+def _source(spec: bytes):
+    src = _sources.get(spec)
+    if src is None:
+        from s4fs.reader import ChunkSource
+        src = _sources[spec] = ChunkSource(_open(spec), cache_bytes=64 << 20,
+                                           device="auto", workers=2)
+    return src
+
+
+def _pread_all(fd: int, offset: int, length: int) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            raise CodecError(f"internal error: the spool ends at {offset + got}, before "
+                             f"the {length} bytes at {offset} it was to hold")
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _base_bytes(job: Job, item: Item, base_fd: int | None) -> bytes:
+    from s4fs import codec
+    if base_fd is not None and item.base_range is not None:
+        off, n = item.base_range
+        try:
+            data = _pread_all(base_fd, off, n)
+        except (OSError, CodecError):
+            data = b""
+        if len(data) == item.base.raw and codec.checksum(data) == item.base.checksum:
+            return data
+    return _source(job.store).get(item.base)
+
+
+def code_batch(job: Job) -> JobResult:
+    """Code one batch and store its pack (runs in a worker process)."""
+    from s4fs import codec
+    fd = os.open(job.spool, os.O_RDONLY)
+    base_fd = None
+    if job.base_file is not None:
+        try:
+            base_fd = os.open(job.base_file, os.O_RDONLY)
+        except OSError:
+            base_fd = None
+    try:
+        blobs: list[bytes] = []
+        results: list[ItemResult] = []
+        pos = 0
+        for item in job.items:
+            if len(item.ranges) == 1:
+                data = _pread_all(fd, *item.ranges[0])
+            else:
+                data = b"".join(_pread_all(fd, o, n) for o, n in item.ranges)
+            if codec.checksum(data) != item.checksum:
+                raise CodecError("internal error: the spool changed while its chunks were "
+                                 "being coded; the file was not stored")
+            blob, kind = _code(job, item, data, base_fd)
+            if kind == SAME:
+                results.append(ItemResult(SAME, 0, 0))
+                continue
+            results.append(ItemResult(kind, pos, len(blob)))
+            blobs.append(blob)
+            pos += len(blob)
+        if blobs:
+            _open(job.store).put(job.pack, b"".join(blobs))
+        return JobResult(tuple(results), pos)
+    finally:
+        os.close(fd)
+        if base_fd is not None:
+            os.close(base_fd)
+
+
+def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes, int]:
+    """The same choice as the in-process path (s4fs.ingest): reuse, delta or full."""
+    from s4fs import codec
+    base = item.base
+    if base is None or base.raw != len(data) or base.depth >= job.max_delta_depth:
+        return codec.compress(data, item.dtype, device="cpu"), FULL
+    base_raw = _base_bytes(job, item, base_fd)
+    if base.checksum == item.checksum and base_raw == data:
+        return b"", SAME
+    delta = codec.compress(data, item.dtype, base=base_raw, device="cpu")
+    if len(delta) < 0.25 * len(data):
+        return delta, DELTA
+    full = codec.compress(data, item.dtype, device="cpu")
+    if len(delta) <= job.delta_min_gain * len(full):
+        return delta, DELTA
+    return full, FULL
+
+
+def _ping() -> int:
+    return os.getpid()
+
+
+# --- the daemon side ---------------------------------------------------------------------
+
+class Pool:
+    """A process pool for coding batches; replaced by a fresh one after a worker died."""
+
+    def __init__(self, workers: int, nice: int) -> None:
+        import multiprocessing
+        self.workers, self.nice = workers, nice
+        # spawn, not fork: the daemon has threads (FUSE, trio, uploads) and maybe CUDA
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._exec: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._exec is None:
+                self._exec = ProcessPoolExecutor(self.workers, mp_context=self._ctx,
+                                                 initializer=_init_worker,
+                                                 initargs=(self.nice, os.getpid()))
+            return self._exec
+
+    def submit(self, job: Job) -> Future:
+        ex = self._executor()
+        try:
+            return ex.submit(code_batch, job)
+        except BrokenProcessPool:
+            self._discard(ex)
+            return self._executor().submit(code_batch, job)
+
+    def result(self, fut: Future, what: str) -> JobResult:
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            with self._lock:
+                ex = self._exec
+            if ex is not None:
+                self._discard(ex)
+            raise WorkerDied(
+                f"a coding worker process died while coding {what} (killed, or out of "
+                f"memory); this version was not stored and the previous one stays") from None
+
+    def _discard(self, ex: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._exec is ex:
+                self._exec = None
+        ex.shutdown(wait=False, cancel_futures=True)
+
+    def warm(self) -> list[int]:
+        """Start every worker now (a save should not wait for interpreters to start);
+        returns their pids."""
+        ex = self._executor()
+        return sorted({f.result() for f in [ex.submit(_ping) for _ in range(self.workers)]})
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            ex = self._exec
+        procs = getattr(ex, "_processes", None) or {}
+        return sorted(procs)
+
+    def close(self) -> None:
+        with self._lock:
+            ex, self._exec = self._exec, None
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+
+_pool: Pool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool(workers: int, nice: int = 0) -> Pool:
+    """The process-wide coding pool (one per daemon, shared by every file)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = Pool(workers, nice)
+        return _pool
+
+
+def shutdown() -> None:
+    global _pool
+    with _pool_lock:
+        p, _pool = _pool, None
+    if p is not None:
+        p.close()

@@ -1,0 +1,328 @@
+"""Coding in worker processes (s4fs.workers): a session fed from a spool file sends its
+chunks to other processes as spool byte ranges; every byte must come back exact, and a
+worker that dies or a spool that changes under it fails the save — never wrong bytes."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from s4fs import workers
+from s4fs.errors import CodecError
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.ingest import IngestConfig
+from s4fs.spool import Spool
+from s4fs.stores import LocalStore
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool():
+    yield
+    workers.shutdown()
+
+
+def make_fs(tmp_path, **ingest) -> Filesystem:
+    cfg = IngestConfig(processes=True, workers=2, **ingest)
+    return Filesystem(LocalStore(str(tmp_path / "store")),
+                      FsConfig(ingest=cfg, cache_dir=str(tmp_path / "cache")))
+
+
+def save(fs: Filesystem, path: str, data: bytes, *, step: int = 1 << 20, keep=False):
+    """Write ``data`` the way the mount does (spool, then feed its prefix) and commit."""
+    sp = Spool(fs.spool_dir, path)
+    sp.write(0, data)
+    s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)
+    assert s._proc is not None, "the session should code in worker processes"
+    try:
+        pos = 0
+        while pos < len(data):
+            piece = sp.read(pos, step)
+            s.write(piece, stable=True)
+            pos += len(piece)
+        m = s.finish()
+    except BaseException:
+        s.abort()
+        sp.close()
+        raise
+    fs.commit(path, m)
+    if keep and fs.decoded is not None:
+        fs.decoded.adopt(m.id, sp)          # as the mount does: the spool becomes the entry
+    else:
+        sp.close()
+    return m
+
+
+def read(fs: Filesystem, path: str) -> bytes:
+    r = fs.open_read(path)
+    try:
+        return r.read(0, r.size)
+    finally:
+        r.release()
+
+
+def read_fresh(tmp_path, path: str) -> bytes:
+    fs = Filesystem(LocalStore(str(tmp_path / "store")), FsConfig(decoded_cache_bytes=0))
+    try:
+        return read(fs, path)
+    finally:
+        fs.close()
+
+
+def torch_bytes(sd) -> bytes:
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
+def adversarial_state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-2**31, 2**31 - 1, (300_001,), generator=g, dtype=torch.int32)
+    bits16 = torch.randint(-2**15, 2**15 - 1, (200_000,), generator=g, dtype=torch.int16)
+    return {
+        "f32": torch.randn(1_500_001, generator=g),
+        "f32_bits": bits.view(torch.float32),          # NaN payloads, denormals, -0.0
+        "bf16": torch.randn(700_003, generator=g).bfloat16(),
+        "bf16_bits": bits16.view(torch.bfloat16),
+        "f16": torch.randn(65_537, generator=g).half(),
+        "f64": torch.randn(9_999, generator=g).double(),
+        "i64": torch.randint(0, 10**12, (4097,), generator=g),
+        "u8": torch.randint(0, 256, (1_000_003,), generator=g, dtype=torch.uint8),
+        "bool": torch.rand(777, generator=g) > 0.5,
+        "empty": torch.empty(0),
+        "scalar": torch.tensor(3.5),
+        "ln": {f"layer{i}": torch.randn(384, generator=g) for i in range(40)},
+        "step": 7,
+    }
+
+
+def test_every_dtype_round_trips_exactly(tmp_path):
+    fs = make_fs(tmp_path, batch_bytes=2 << 20)
+    try:
+        data = torch_bytes(adversarial_state())
+        m = save(fs, "ckpt.pt", data)
+        assert m.kind != "raw" and len(m.own_packs) >= 2      # coded as tensors, in batches
+        assert read(fs, "ckpt.pt") == data
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "ckpt.pt") == data
+
+
+@pytest.mark.parametrize("size", [0, 1, 9, (4 << 20) - 1, 4 << 20, (37 << 20) + 5])
+def test_raw_bytes_round_trip(tmp_path, size):
+    fs = make_fs(tmp_path)
+    try:
+        data = os.urandom(size)
+        save(fs, "blob.bin", data, step=(3 << 20) + 7)
+        assert read_fresh(tmp_path, "blob.bin") == data
+    finally:
+        fs.close()
+
+
+@pytest.mark.parametrize("base_from", ["decoded", "store", "corrupt"])
+def test_delta_series_exact_with_base_from_each_place(tmp_path, base_from):
+    """Consecutive checkpoints stored as deltas: the workers read the base from the
+    decoded-cache copy of the previous version, from the store, or — when that copy is
+    wrong — notice the checksum and fetch it from the store."""
+    fs = make_fs(tmp_path)
+    try:
+        sd = adversarial_state(1)
+        series = []
+        for step in range(4):
+            data = torch_bytes(sd)
+            series.append(data)
+            keep = base_from != "store"
+            m = save(fs, "ckpt.pt", data, keep=keep)
+            if base_from == "corrupt" and fs.decoded.path_of(m.id):
+                with open(fs.decoded.path_of(m.id), "r+b") as f:
+                    f.seek(len(data) // 2)
+                    f.write(b"\xff" * 4096)
+            if step:
+                assert m.base is not None
+                assert m.stored_bytes() < len(data) // 2, "the delta should be small"
+            assert read_fresh(tmp_path, "ckpt.pt") == data
+            sd["f32"][: 1000 * (step + 1)] += 0.001
+            sd["bf16"][::97] = 1.0
+            sd["step"] = step
+    finally:
+        fs.close()
+
+
+def test_spool_changed_under_the_workers_fails_not_stored(tmp_path):
+    fs = make_fs(tmp_path)
+    try:
+        data = torch_bytes(adversarial_state())
+        save(fs, "ckpt.pt", data)
+        sp = Spool(fs.spool_dir, "ckpt.pt")
+        new = torch_bytes(adversarial_state(5))
+        sp.write(0, new)
+        s = fs.new_session("ckpt.pt", fs.manifest("ckpt.pt"), sp.name)
+        pos = 0
+        while pos < len(new):
+            piece = sp.read(pos, 1 << 20)
+            s.write(piece, stable=True)
+            pos += len(piece)
+        sp.write(len(new) // 2, b"\x00" * 8192)      # behind the session's back
+        with pytest.raises(CodecError, match="changed"):
+            s.finish()
+        s.abort()
+        sp.close()
+        assert read(fs, "ckpt.pt") == data           # the old version stays
+    finally:
+        fs.close()
+
+
+def test_a_killed_worker_fails_that_save_and_the_next_one_works(tmp_path):
+    fs = make_fs(tmp_path, batch_bytes=64 << 20)
+    try:
+        g = torch.Generator().manual_seed(3)
+        data = torch_bytes({f"t{i}": torch.randn(4 << 20, generator=g) for i in range(5)})
+        pool = workers.pool(2)
+        pool.warm()
+        sp = Spool(fs.spool_dir, "ckpt.pt")
+        sp.write(0, data)
+        s = fs.new_session("ckpt.pt", None, sp.name)
+        s.write(sp.read(0, 70 << 20), stable=True)      # one 64 MiB batch goes out
+        inflight = s._proc._submitted[0].future
+        assert not inflight.done(), "the batch finished before the kill; make it larger"
+        for pid in pool.pids():
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(workers.WorkerDied, match="died while coding 'ckpt.pt'"):
+            s.write(sp.read(70 << 20, len(data)), stable=True)
+            s.finish()
+        s.abort()
+        sp.close()
+        assert not fs.exists("ckpt.pt")
+        save(fs, "ckpt.pt", data)                    # a fresh pool takes over
+        assert read_fresh(tmp_path, "ckpt.pt") == data
+    finally:
+        fs.close()
+
+
+# --- through a real mount -------------------------------------------------------------
+
+def worker_pids(daemon: int) -> list[int]:
+    import subprocess
+    out = subprocess.run(["pgrep", "-P", str(daemon), "-f", "spawn_main"],
+                         capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def file_bytes(sd, name: str = "ckpt.pt") -> bytes:
+    """What torch.save writes to a file of this name (its records are named after it)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(sd, os.path.join(d, name))
+        with open(os.path.join(d, name), "rb") as f:
+            return f.read()
+
+
+def series_state(k: int) -> dict:
+    g = torch.Generator().manual_seed(100 + k)
+    return {"w": torch.randn(6 << 20, generator=g),
+            "h": torch.randn(1 << 20, generator=g).half(),
+            "step": k}
+
+
+WRITER = """
+import sys, torch
+sys.path[:0] = [{tests!r}]
+from test_workers import series_state
+for k in range({n}):
+    torch.save(series_state(k), {path!r})
+    print(k, flush=True)
+"""
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("extra", [(), ("--writeback",)], ids=["default", "writeback"])
+def test_worker_killed_mid_save_never_wrong_bytes(mount_factory, extra):
+    """Kill the daemon's coding workers while a save is being coded: default mode fails
+    that save (the previous version stays), writeback retries it; either way every byte
+    read back is one whole version."""
+    m = mount_factory(extra=[*extra, "--workers", "1"])
+    path = os.path.join(m.path, "ckpt.pt")
+    torch.save(series_state(0), path)
+    m.sync()
+    v0, v1 = file_bytes(series_state(0)), file_bytes(series_state(1))
+    (daemon,) = m.daemon_pids()
+    assert worker_pids(daemon), "the mount should code in worker processes"
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    failed = None
+    try:
+        step = 2 << 20
+        for off in range(0, len(v1), step):        # kill the workers again and again
+            os.write(fd, v1[off: off + step])
+            if off % (8 << 20) == 0:
+                for pid in worker_pids(daemon):
+                    os.kill(pid, signal.SIGKILL)
+    except OSError as exc:
+        failed = exc
+    finally:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            failed = failed or exc
+    m.sync()
+    got = open(path, "rb").read()
+    print("the save", "failed" if failed else "went through", failed or "")
+    if failed is not None:
+        assert not extra, f"a writeback mount accepted the file and must retry: {failed}"
+        assert failed.errno == 5 and got == v0       # EIO; the previous version stays
+    else:
+        assert got == v1
+    torch.save(series_state(2), path)                # the next save works (fresh pool)
+    m.sync()
+    assert open(path, "rb").read() == file_bytes(series_state(2))
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("extra", [(), ("--writeback",)], ids=["default", "writeback"])
+@pytest.mark.parametrize("delay", [0.3, 0.9, 1.6])
+def test_kill9_at_any_moment_leaves_a_whole_version(mount_factory, extra, delay):
+    """kill -9 of the daemon mid-write, mid-coding or mid-commit, then a restart: the file
+    is one whole version, at least the last one whose close() returned (writeback: the
+    journal replays what close() accepted), and no worker process outlives the daemon."""
+    import subprocess
+    import sys
+    m = mount_factory(extra=list(extra))
+    path = os.path.join(m.path, "ckpt.pt")
+    (daemon,) = m.daemon_pids()
+    tests = os.path.dirname(os.path.abspath(__file__))
+    writer = subprocess.Popen([sys.executable, "-c", WRITER.format(tests=tests, n=6,
+                                                                    path=path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(delay)
+    m.kill9()
+    out, _ = writer.communicate(timeout=120)
+    done = [int(x) for x in out.split()]
+    def orphans():        # workers of the dead daemon: reparented, same session id
+        found = []
+        for p in worker_pids(1):
+            try:
+                fields = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == daemon:
+                found.append(p)
+        return found
+    deadline = time.monotonic() + 10
+    while orphans() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not orphans(), "coding workers outlived their daemon"
+    m.stop()
+    m.start()
+    m.sync()
+    versions = [file_bytes(series_state(k)) for k in range(6)]
+    if not os.path.exists(path):
+        assert not done, f"saves {done} returned, but the file is gone"
+        return
+    got = open(path, "rb").read()
+    assert got in versions, "a torn or mixed file is visible after the crash"
+    k = versions.index(got)
+    if done:
+        assert k >= done[-1], f"save {done[-1]} returned, but version {k} is there"
