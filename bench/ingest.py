@@ -99,9 +99,11 @@ def one_size(gib: float, repeat: int, workdir: str) -> dict:
     return res
 
 
-def ingest_rate(gib: float, workers: int, repeat: int, workdir: str) -> dict:
+def ingest_rate(gib: float, workers: int, repeat: int, workdir: str,
+                processes: bool = False) -> dict:
     """MB/s of the ingest pipeline alone (parse, code, pack, store on local disk) with
-    ``workers`` codec threads, over the bytes torch.save writes for the state dict."""
+    ``workers`` codec threads — or, ``processes``, worker processes fed from a spool file
+    as the mount does — over the bytes torch.save writes for the state dict."""
     import io
 
     import torch
@@ -112,14 +114,27 @@ def ingest_rate(gib: float, workers: int, repeat: int, workdir: str) -> dict:
     buf = io.BytesIO()
     torch.save(mixed_state_dict(int(gib * (1 << 30))), buf)
     data = memoryview(buf.getvalue())
-    cfg = IngestConfig(workers=workers, nice=0)
+    cfg = IngestConfig(workers=workers, nice=0, processes=processes)
+    spool = None
+    if processes:                              # the mount's path: bytes in a spool file
+        from s4fs import workers as coding
+        spool = os.path.join(workdir, "spool")
+        with open(spool, "wb") as f:
+            f.write(data)
+        coding.pool(workers, 0).warm()
     times = []
     for i in range(repeat + 1):                # the first run warms the pools up
         store = LocalStore(os.path.join(workdir, f"w{workers}-{i}"))
         t0 = time.perf_counter()
-        s = IngestSession(store, cfg)
-        for off in range(0, len(data), 4 << 20):
-            s.write(data[off: off + (4 << 20)])
+        s = IngestSession(store, cfg, spool_path=spool)
+        if spool is not None:
+            fd = os.open(spool, os.O_RDONLY)
+            for off in range(0, len(data), 4 << 20):
+                s.write(os.pread(fd, 4 << 20, off), stable=True)
+            os.close(fd)
+        else:
+            for off in range(0, len(data), 4 << 20):
+                s.write(data[off: off + (4 << 20)])
         m = s.finish()
         times.append(time.perf_counter() - t0)
         shutil.rmtree(os.path.join(workdir, f"w{workers}-{i}"), ignore_errors=True)
@@ -136,12 +151,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", help="comma-separated codec thread counts: print the "
                                       "ingest pipeline's MB/s for each instead")
     ap.add_argument("--child-workers", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-processes", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_workers:
         import json
         work = tempfile.mkdtemp(prefix="s4fs-bench-")
         try:
-            print(json.dumps(ingest_rate(args.gib, args.child_workers, args.repeat, work)))
+            print(json.dumps(ingest_rate(args.gib, args.child_workers, args.repeat, work,
+                                         args.child_processes)))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return 0
@@ -151,19 +168,23 @@ def main(argv=None) -> int:
         from _common import machine, table
         rows = []
         for n in [int(x) for x in args.workers.split(",")]:     # a fresh process each
-            out = subprocess.run([sys.executable, __file__, "--child-workers", str(n),
-                                  "--gib", str(args.gib), "--repeat", str(args.repeat)],
-                                 capture_output=True, text=True)
-            if out.returncode:
-                print(out.stderr, file=sys.stderr)
-                return 1
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append([str(n), f"{r['logical'] / 2**30:.2f} GiB",
-                         f"{r['logical'] / 1e6 / r['s']:.0f}",
-                         f"{100 * r['stored'] / r['logical']:.1f}"])
+            row = [str(n)]
+            for flag in ([], ["--child-processes"]):
+                out = subprocess.run([sys.executable, __file__, "--child-workers", str(n),
+                                      "--gib", str(args.gib), "--repeat", str(args.repeat),
+                                      *flag], capture_output=True, text=True)
+                if out.returncode:
+                    print(out.stderr, file=sys.stderr)
+                    return 1
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                row.append(f"{r['logical'] / 1e6 / r['s']:.0f}")
+            rows.append(row + [f"{r['logical'] / 2**30:.2f} GiB",
+                               f"{100 * r['stored'] / r['logical']:.1f}"])
         print(f"# bench/ingest.py --workers — {machine()}; median of {args.repeat}; the "
-              f"ingest pipeline alone (parse, code, pack, store on local disk)")
-        print(table(["codec threads", "file", "ingest MB/s", "stored %"], rows))
+              f"ingest pipeline alone (parse, code, pack, store on local disk), coding in "
+              f"the caller's threads (the API) and in worker processes fed from a spool "
+              f"file (the mount)")
+        print(table(["N", "threads MB/s", "processes MB/s", "file", "stored %"], rows))
         return 0
     if args.child:
         work = tempfile.mkdtemp(prefix="s4fs-bench-")

@@ -105,18 +105,27 @@ def drop_caches() -> bool:
         return False
 
 
+def _hwm(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def daemon_hwm(mountpoint: str) -> int:
+    """Peak RSS of the mount daemon plus that of each of its coding worker processes
+    (peaks summed: an upper bound of what the mount held at once)."""
     out = subprocess.run(["pgrep", "-f", f"s4fs.cli mount .* {mountpoint}"],
                          capture_output=True, text=True).stdout.split()
     best = 0
     for pid in out:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        best = max(best, int(line.split()[1]) * 1024)
-        except OSError:
-            pass
+        kids = subprocess.run(["pgrep", "-P", pid, "-f", "spawn_main"],
+                              capture_output=True, text=True).stdout.split()
+        best = max(best, _hwm(pid) + sum(_hwm(k) for k in kids))
     return best
 
 
@@ -127,7 +136,7 @@ def timed(fn) -> float:
 
 
 def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
-             device: str, loads: int, workers: int = 0) -> dict:
+             device: str, loads: int, workers: int | None = None) -> dict:
     import torch
     tag = mode
     mnt, local = os.path.join(work, f"mnt-{tag}"), os.path.join(work, f"local-{tag}")
@@ -136,7 +145,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     for d in (mnt, local, cache):
         os.makedirs(d, exist_ok=True)
     flags = ["--cache-dir", cache, "--device", device, "--gc-interval", "0"]
-    if workers:
+    if workers is not None:
         flags += ["--workers", str(workers)]
     if mode == "writeback":
         flags.append("--writeback")
@@ -197,6 +206,12 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     return res
 
 
+def _coding(workers: int | None) -> str:
+    if workers == 0:
+        return "coding in the daemon's threads"
+    return f"{workers or 'one per core'} coding worker processes"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,7 +226,9 @@ def main(argv=None) -> int:
                          "weights + fp32 AdamW")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
-    ap.add_argument("--workers", type=int, default=0, help="the mount's codec threads")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the mount's coding worker processes (default: one per core; "
+                         "0: code in the daemon's threads, the old path)")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     args = ap.parse_args(argv)
     from _common import machine, table
@@ -237,12 +254,12 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}, "
-          f"{args.workers or 'one per core'} codec threads; {len(cks)} "
+          f"{_coding(args.workers)}; {len(cks)} "
           f"consecutive checkpoints ({'GPT bf16 + fp32 AdamW' if args.source == 'gpt' else 'MiniLM + AdamW replicas'}, "
           f"{args.every} training steps apart); medians; seconds mount / local")
     print(table(["mode", "checkpoint", "save (local: +os.sync)", "then s4fs sync",
                  "warm load", "cold load (remount, drop_caches)",
-                 "cold load, fresh node", "stored % (series)", "daemon RSS MiB"], rows))
+                 "cold load, fresh node", "stored % (series)", "RSS MiB (daemon + workers)"], rows))
     return 0
 
 

@@ -45,6 +45,9 @@ class DecodedCache:
         entries = []
         for name in os.listdir(folder):
             full = os.path.join(folder, name)
+            if name.startswith(".fill-"):      # a copy being decoded when we stopped
+                _unlink(full)
+                continue
             if name.startswith(".") or not os.path.isfile(full):
                 continue
             try:
@@ -69,19 +72,25 @@ class DecodedCache:
         size = spool.size
         name = spool.name
         spool.close(remove=False)
+        self.adopt_file(vid, name, size)
+
+    def adopt_file(self, vid: str, path: str, size: int) -> bool:
+        """Keep the file at ``path`` (exactly version ``vid``, e.g. a copy decoded ahead
+        by s4fs.fill) as an entry; False if it cannot be kept (then it is removed)."""
         if not self.max_bytes or size > self.max_bytes or not vid or "/" in vid:
-            _unlink(name)
-            return
+            _unlink(path)
+            return False
         try:
-            os.replace(name, self._path(vid))
+            os.replace(path, self._path(vid))
         except OSError as exc:
-            log.warning("could not keep %s in the decoded cache: %s", name, exc)
-            _unlink(name)
-            return
+            log.warning("could not keep %s in the decoded cache: %s", path, exc)
+            _unlink(path)
+            return False
         with self._lock:
             self._lru[vid] = size
             self._lru.move_to_end(vid)
         self._trim(0)
+        return True
 
     def open(self, vid: str) -> int | None:
         with self._lock:

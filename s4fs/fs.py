@@ -109,6 +109,7 @@ class Filesystem:
         self._writers: dict[str, WriteHandle] = {}
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
+        self._fills: dict[str, object] = {}          # versions being decoded ahead
         from s4fs.committer import Committer
         from s4fs.journal import Journal
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
@@ -500,7 +501,44 @@ class Filesystem:
                 # written (or read whole) on this machine: the exact bytes, on local disk
                 return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
                                   manifest=m, on_bad=lambda: self.decoded.discard(m.id))
-        return ReadHandle(FileReader(m, self.source, path=path), path=path)
+        return ReadHandle(FileReader(m, self.source, path=path), path=path, manifest=m,
+                          fill_fn=lambda: self.fill_for(m))
+
+    def fill_for(self, m: Manifest):
+        """Decode version ``m`` ahead into the decoded cache, in the worker processes
+        (s4fs.fill): ``(fill, fd)`` for a reader — ``fill`` to wait on (None when the copy
+        is already whole), ``fd`` to read it — or None (then the reader decodes here)."""
+        from s4fs import fill as fill_mod
+        ingest = self.cfg.ingest
+        if self.decoded is None or not ingest.processes or ingest.device != "cpu" or \
+                m.size < fill_mod.MIN_SIZE or m.size > self.decoded.max_bytes:
+            return None
+        with self._lock:
+            f = self._fills.get(m.id)
+            if f is None:
+                fd = self.decoded.open(m.id)
+                if fd is not None:
+                    return None, fd
+                from s4fs import workers
+                try:
+                    f = fill_mod.Fill(m, self.store, self.decoded,
+                                      workers.pool(ingest.workers, ingest.nice),
+                                      ingest.batch_bytes, self._fill_done)
+                except OSError as exc:
+                    log.warning("cannot decode %s ahead: %s", m.id, exc)
+                    return None
+                if f.fd >= 0:
+                    self._fills[m.id] = f
+        fd = f.attach()
+        if fd is None:
+            fd = self.decoded.open(m.id)
+            return (None, fd) if fd is not None else None
+        return f, fd
+
+    def _fill_done(self, f, ok: bool) -> None:
+        with self._lock:
+            if self._fills.get(f.m.id) is f:
+                del self._fills[f.m.id]
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
                    exclusive: bool = False, mode: int = 0o644) -> WriteHandle:

@@ -205,6 +205,38 @@ def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes
     return full, FULL
 
 
+@dataclass(frozen=True)
+class DecodeJob:
+    """Chunks to decode into ``target`` (the decoded-cache copy being filled): each item
+    is ``(ref, ((offset in chunk, file offset, length), ...))``."""
+    store: bytes
+    target: str
+    items: tuple
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    mv = memoryview(data)
+    while len(mv):
+        n = os.pwrite(fd, mv, offset)
+        mv = mv[n:]
+        offset += n
+
+
+def decode_batch(job: DecodeJob) -> int:
+    """Fetch, decode (each chunk checked against its checksum) and place one batch of a
+    file's chunks at their file offsets (runs in a worker process)."""
+    src = _source(job.store)
+    fd = os.open(job.target, os.O_WRONLY)
+    try:
+        for ref, pieces in job.items:
+            data = memoryview(src.get(ref))
+            for coff, foff, n in pieces:
+                _pwrite_all(fd, data[coff: coff + n], foff)
+    finally:
+        os.close(fd)
+    return len(job.items)
+
+
 def _ping() -> int:
     return os.getpid()
 
@@ -231,14 +263,21 @@ class Pool:
             return self._exec
 
     def submit(self, job: Job) -> Future:
+        return self._submit(code_batch, job)
+
+    def submit_decode(self, job: DecodeJob) -> Future:
+        return self._submit(decode_batch, job)
+
+    def _submit(self, fn, job) -> Future:
         ex = self._executor()
         try:
-            return ex.submit(code_batch, job)
+            return ex.submit(fn, job)
         except BrokenProcessPool:
             self._discard(ex)
-            return self._executor().submit(code_batch, job)
+            return self._executor().submit(fn, job)
 
-    def result(self, fut: Future, what: str) -> JobResult:
+    def result(self, fut: Future, what: str, *, doing: str = "coding",
+               then: str = "this version was not stored and the previous one stays"):
         try:
             return fut.result()
         except BrokenProcessPool:
@@ -247,8 +286,8 @@ class Pool:
             if ex is not None:
                 self._discard(ex)
             raise WorkerDied(
-                f"a coding worker process died while coding {what} (killed, or out of "
-                f"memory); this version was not stored and the previous one stays") from None
+                f"a coding worker process died while {doing} {what} (killed, or out of "
+                f"memory); {then}") from None
 
     def _discard(self, ex: ProcessPoolExecutor) -> None:
         with self._lock:

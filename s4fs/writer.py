@@ -212,11 +212,19 @@ class WriteHandle:
 
     def _touch(self, *, mtime: bool = True) -> None:
         """Something changed: the file has a new version to commit. ``mtime=False``:
-        only its mode or times changed (the bytes are still the last committed ones)."""
-        if self.state is not State.STREAMING:
+        only its mode or times changed (the bytes are still the last committed ones).
+
+        The mtime is that of the version's first change (the open that created or
+        truncated the file, or the first write after a commit), not of every write: the
+        kernel drops every cached page of a file whose mtime it sees move, so a moving
+        mtime would throw away the pages ``torch.save`` just wrote, and the
+        ``torch.load`` right after it would read everything again (docs/SEMANTICS.md)."""
+        fresh = self.state is not State.STREAMING
+        if fresh:
             self.state = State.STREAMING
         if mtime:
-            self.mtime = time.time()
+            if fresh:
+                self.mtime = time.time()
             self._same_bytes = False
 
     def _wait_commit(self) -> None:

@@ -326,3 +326,107 @@ def test_kill9_at_any_moment_leaves_a_whole_version(mount_factory, extra, delay)
     k = versions.index(got)
     if done:
         assert k >= done[-1], f"save {done[-1]} returned, but version {k} is there"
+
+
+# --- decode ahead (s4fs.fill) ------------------------------------------------------------
+
+def test_plan_places_every_byte_once():
+    from s4fs.fill import plan
+    from s4fs.parse import new_parser  # noqa: F401  (the manifest comes from a real save)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        from pathlib import Path
+        fs = make_fs(Path(d), batch_bytes=2 << 20)
+        try:
+            data = torch_bytes(adversarial_state())
+            m = save(fs, "ckpt.pt", data)
+        finally:
+            fs.close()
+    covered = bytearray(m.size)
+    for batch in plan(m, 3 << 20):
+        for ref, pieces in batch:
+            for coff, foff, n in pieces:
+                assert 0 <= coff and coff + n <= ref.raw
+                assert covered[foff: foff + n] == bytes(n)
+                covered[foff: foff + n] = b"\1" * n
+    assert covered == b"\1" * m.size
+
+
+def cold_fs(tmp_path, name="cold") -> Filesystem:
+    """Another node: the same store, its own empty cache, coding workers on."""
+    return Filesystem(LocalStore(str(tmp_path / "store")),
+                      FsConfig(ingest=IngestConfig(processes=True, workers=2,
+                                                   batch_bytes=4 << 20),
+                               cache_dir=str(tmp_path / name)))
+
+
+def torch_load_pattern(r, size: int) -> bytes:
+    """Read as torch.load does: the tail first, then the whole file in 1 MiB reads."""
+    tail = r.read(size - 22, 22)
+    out = bytearray()
+    pos = 0
+    while pos < size:
+        out += r.read(pos, 1 << 20)
+        pos = len(out)
+    assert bytes(out[-22:]) == tail
+    return bytes(out)
+
+
+def test_cold_file_decoded_ahead_exact_then_kept(tmp_path):
+    fs = make_fs(tmp_path)
+    sd = adversarial_state(2)
+    series = []
+    try:
+        for step in range(3):                        # a delta chain to follow
+            series.append(torch_bytes(sd))
+            save(fs, "ckpt.pt", series[-1])
+            sd["f32"][::7] += 1
+    finally:
+        fs.close()
+    other = cold_fs(tmp_path)
+    try:
+        m = other.manifest("ckpt.pt")
+        r = other.open_read("ckpt.pt")
+        try:
+            assert torch_load_pattern(r, r.size) == series[-1]
+            assert r._fill is not None or r._fd is not None, "no decode ahead started"
+        finally:
+            r.release()
+        deadline = time.monotonic() + 30
+        while other.decoded.path_of(m.id) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert other.decoded.path_of(m.id), "the filled copy should become a cache entry"
+        with open(other.decoded.path_of(m.id), "rb") as f:
+            assert f.read() == series[-1]
+        r = other.open_read("ckpt.pt")               # now a plain local read
+        try:
+            assert r._reader is None and r.read(0, r.size) == series[-1]
+        finally:
+            r.release()
+    finally:
+        other.close()
+
+
+def test_decode_ahead_with_a_missing_pack_is_an_error_not_wrong_bytes(tmp_path):
+    from s4fs.errors import MissingData
+    fs = make_fs(tmp_path, batch_bytes=2 << 20)
+    try:
+        data = torch_bytes(adversarial_state(3))
+        m = save(fs, "ckpt.pt", data)
+    finally:
+        fs.close()
+    victim = m.own_packs[len(m.own_packs) // 2]
+    LocalStore(str(tmp_path / "store")).delete(victim)
+    other = cold_fs(tmp_path)
+    try:
+        r = other.open_read("ckpt.pt")
+        try:
+            with pytest.raises(MissingData):
+                torch_load_pattern(r, r.size)
+        finally:
+            r.release()
+        time.sleep(0.5)
+        assert other.decoded.path_of(m.id) is None
+        assert not [n for n in os.listdir(other.decoded.folder) if n.startswith(".fill")]
+    finally:
+        other.close()

@@ -1,0 +1,201 @@
+"""Decode ahead: a cold file is decoded into the decoded cache by the worker processes,
+ahead of its reader.
+
+A file read on a node that did not write it (or after its decoded copy was evicted) has
+to be fetched and decoded chunk by chunk, through delta chains. Done inside the daemon
+that is one interpreter's worth of decoding, behind the FUSE requests. Instead, when a
+reader shows torch.load's pattern (it reads the file's tail — the zip directory — or has
+read a few MiB), the mount starts a :class:`Fill`: the whole version is cut into batches
+of chunks, each with the file ranges its bytes belong at, and the worker pool
+(:mod:`s4fs.workers`) fetches, decodes (every chunk checked against its checksum) and
+``pwrite``s them into ``<cache>/decoded/.fill-<id>``. A read waits only for the batch
+that holds its bytes — the tail's and the head's batches go first, the rest in file
+order — then is a ``pread`` of that file. Once every batch is in and the whole-file hash
+of the filled copy matches the manifest, it becomes the version's decoded-cache entry
+(later opens read it like a file written here). A batch that fails (the store down, a
+worker killed) ends the fill: its readers go back to decoding in the daemon, which
+reports the error if there is one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import pickle
+import threading
+
+import xxhash
+
+from s4fs.manifest import Manifest
+
+log = logging.getLogger("s4fs.fill")
+
+FILL_PREFIX = ".fill-"
+MIN_SIZE = 8 << 20          # smaller files decode in the daemon as before
+
+
+def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
+    """The version's chunks grouped into batches, each item ``(ref, pieces)`` with
+    ``pieces`` = ((offset in the chunk, file offset, length), ...), batches in file order."""
+    per_chunk: dict[tuple[int, int], list] = {}
+    for foff, n, sidx, soff in m.extents:
+        stream = m.streams[sidx]
+        starts = stream.starts()
+        k = stream.locate(soff)
+        pos, end = soff, soff + n
+        while pos < end:
+            c0 = starts[k]
+            take = min(end, c0 + stream.chunks[k].raw) - pos
+            per_chunk.setdefault((sidx, k), []).append((pos - c0, foff + pos - soff, take))
+            pos += take
+            k += 1
+    items = sorted(((pieces[0][1], m.streams[sidx].chunks[k], tuple(pieces))
+                    for (sidx, k), pieces in per_chunk.items()), key=lambda t: t[0])
+    batches: list[list[tuple]] = []
+    cur: list[tuple] = []
+    nbytes = 0
+    for _, ref, pieces in items:
+        cur.append((ref, pieces))
+        nbytes += ref.raw
+        if nbytes >= batch_bytes:
+            batches.append(cur)
+            cur, nbytes = [], 0
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class _Ranges:
+    """Disjoint sorted [lo, hi) intervals of the file that are filled."""
+
+    def __init__(self) -> None:
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_left(self.hi, lo)
+        j = bisect.bisect_right(self.lo, hi)
+        if i < j:
+            lo = min(lo, self.lo[i])
+            hi = max(hi, self.hi[j - 1])
+        self.lo[i:j] = [lo]
+        self.hi[i:j] = [hi]
+
+    def covers(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(self.lo, lo) - 1
+        return i >= 0 and self.hi[i] >= hi
+
+
+class Fill:
+    """One version being decoded into the decoded cache (shared by its readers)."""
+
+    def __init__(self, m: Manifest, store, cache, pool, batch_bytes: int,
+                 on_done) -> None:
+        from s4fs.workers import DecodeJob
+        self.m = m
+        self.cache = cache
+        self.pool = pool
+        self.path = os.path.join(cache.folder, FILL_PREFIX + m.id)
+        self._cond = threading.Condition()
+        self._done = _Ranges()
+        self.failed: BaseException | None = None
+        self._left = 0
+        self._on_done = on_done
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, m.size)
+        except OSError:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
+        self.fd = fd
+        batches = plan(m, batch_bytes)
+        # torch.load reads the tail (the zip directory), then the head, then on
+        if len(batches) > 1:
+            last = max(range(len(batches)),
+                       key=lambda b: max(p[1] + p[2] for _, ps in batches[b] for p in ps))
+            batches.insert(0, batches.pop(last))
+        spec = pickle.dumps(store)
+        self._left = len(batches)
+        if not batches:
+            self._finish()
+            return
+        for batch in batches:
+            job = DecodeJob(spec, self.path, tuple(batch))
+            ranges = [(fo, fo + n) for _, ps in batch for _, fo, n in ps]
+            fut = pool.submit_decode(job)
+            fut.add_done_callback(lambda f, r=ranges: self._landed(f, r))
+
+    def _landed(self, fut, ranges) -> None:
+        try:
+            self.pool.result(fut, f"version {self.m.id}", doing="decoding",
+                             then="its readers decode in the daemon")
+            exc = None
+        except BaseException as e:                  # noqa: BLE001 - reported to readers
+            exc = e
+        with self._cond:
+            if exc is not None:
+                if self.failed is None:
+                    self.failed = exc
+                    log.warning("decoding %s ahead failed (%s); its readers decode in the "
+                                "daemon", self.m.id, exc)
+            else:
+                for lo, hi in ranges:
+                    self._done.add(lo, hi)
+            self._left -= 1
+            last = self._left == 0
+            self._cond.notify_all()
+        if last:
+            threading.Thread(target=self._finish, daemon=True, name="s4fs-fill-end").start()
+
+    def attach(self) -> int | None:
+        """A descriptor of the copy being filled, for one reader; None once it is over."""
+        with self._cond:
+            if self.fd < 0 or self.failed is not None:
+                return None
+            return os.dup(self.fd)
+
+    def wait(self, lo: int, hi: int) -> bool:
+        """Block until [lo, hi) is filled; False if the fill failed first."""
+        with self._cond:
+            while not self._done.covers(lo, hi):
+                if self.failed is not None:
+                    return False
+                self._cond.wait()
+            return True
+
+    def _finish(self) -> None:
+        """Every batch is in: check the whole copy, then hand it to the decoded cache."""
+        ok = self.failed is None and self._hash_ok()
+        if ok:
+            ok = self.cache.adopt_file(self.m.id, self.path, self.m.size)
+        else:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        with self._cond:
+            fd, self.fd = self.fd, -1
+        os.close(fd)
+        self._on_done(self, ok)
+
+    def _hash_ok(self) -> bool:
+        if not self.m.xxh128:
+            return True
+        h = xxhash.xxh3_128()
+        pos = 0
+        while pos < self.m.size:
+            data = os.pread(self.fd, min(16 << 20, self.m.size - pos), pos)
+            if not data:
+                break
+            h.update(data)
+            pos += len(data)
+        if pos == self.m.size and h.hexdigest() == self.m.xxh128:
+            return True
+        log.error("the copy of %s decoded ahead does not match its whole-file hash; it "
+                  "was dropped (every chunk passed its own check: report this)", self.m.id)
+        with self._cond:
+            self.failed = self.failed or RuntimeError("whole-file hash mismatch")
+            self._cond.notify_all()
+        return False
