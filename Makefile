@@ -7,13 +7,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck
+# the tests also open `s4fs report`'s HTML in a real headless browser
+APT_TEST_PACKAGES := chromium
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test deps apt bench clean
 
 apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  missing=""; for p in $(APT_PACKAGES) $(EXTRA_APT); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing:$$missing"; \
 	    (apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 || \
@@ -31,6 +33,7 @@ $(STAMP): pyproject.toml Makefile
 
 deps: apt $(STAMP)
 
+test: EXTRA_APT = $(APT_TEST_PACKAGES)
 test: deps
 	$(BIN)/python -m pytest
 

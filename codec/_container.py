@@ -102,7 +102,9 @@ def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
     return n + sum(2 + len(_varint(r)) + len(_varint(e)) for r, e in planes)
 
 
-def unpack(blob) -> Header:
+def unpack(blob, *, whole: bool = True) -> Header:
+    """The blob's header. ``whole=False``: ``blob`` may be just the blob's first bytes
+    (enough to hold the header): its length is then not checked."""
     buf = memoryview(blob).cast("B")
     if len(buf) < _FIXED.size:
         if bytes(buf[:4]) != MAGIC[: len(buf[:4])]:
@@ -136,7 +138,7 @@ def unpack(blob) -> Header:
         enc, pos = _read_varint(buf, pos)
         planes.append(PlaneHeader(cid, cmajor, plane_raw, enc))
     total = pos + sum(p.enc_len for p in planes)
-    if total != len(buf):
+    if whole and total != len(buf):
         what = "truncated" if total > len(buf) else "followed by extra bytes"
         raise FormatError(f"blob is {what}: header describes {total} bytes, got {len(buf)}")
     return Header(dcode, flags, layout, checksum, base_checksum, raw_len, tuple(planes), pos)

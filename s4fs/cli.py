@@ -118,13 +118,92 @@ def cmd_sync(args) -> int:
     """Wait until every file the mount accepted is committed; fail naming any that
     could not be."""
     from s4fs.control import request
-    answer = request(args.mountpoint, "sync", timeout=args.timeout)
+    stop = _sync_progress(args)
+    try:
+        answer = request(args.mountpoint, "sync", timeout=args.timeout)
+    finally:
+        stop()
     failed = answer.get("failed", [])
     for f in failed:
         print(f"s4fs sync: {f['path']} ({f['bytes']} bytes) is not committed: {f['error']} "
               f"(tried {f['attempts']} times; its bytes are kept and retried)",
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def _sync_progress(args):
+    """While `s4fs sync` waits: a bar of the pending bytes going down (a TTY only)."""
+    import threading
+    bar_cls = _progress(args)
+    if bar_cls is None:
+        return lambda: None
+    from s4fs.control import request
+    done = threading.Event()
+
+    def watch():
+        bar = None
+        total = 0
+        while not done.wait(0.5):
+            try:
+                pending = request(args.mountpoint, "status", wait=5).get("pending", [])
+            except Exception:                     # noqa: BLE001 - only a progress bar
+                return
+            left = sum(p["bytes"] for p in pending)
+            if bar is None:
+                if not left:
+                    continue
+                total = left
+                bar = bar_cls(total=total, desc="sync", unit="B", unit_scale=True,
+                              unit_divisor=1024, leave=False)
+            bar.n = max(0, total - left)
+            bar.refresh()
+        if bar is not None:
+            bar.close()
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+
+    def stop():
+        done.set()
+        t.join(2)
+    return stop
+
+
+def cmd_report(args) -> int:
+    """What a run's checkpoints cost: a table (or --json), an HTML page, PNGs."""
+    from s4fs.api import resolve
+    from s4fs.report import render_html, render_png, run_report
+    fs, rel = resolve(args.path)
+    rep = run_report(fs, rel, top=args.top, progress=_progress(args))
+    if not rep["checkpoints"]:
+        print(f"s4fs report: no files under {args.path}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print(f"{rep['store']} {rep['root']}: {len(rep['checkpoints'])} checkpoints, "
+              f"{_human(rep['logical'])} logical, {_human(rep['stored'])} stored "
+              f"({100 * rep['saving']:.1f}% saved)")
+        print(f"  {'checkpoint':<48} {'logical':>10} {'stored':>10} {'%':>6} "
+              f"{'deltas':>7} {'depth':>5}")
+        for c in rep["checkpoints"]:
+            pct = 100 * c["stored"] / c["logical"] if c["logical"] else 0
+            dl = 100 * c["stored_delta"] / c["stored"] if c["stored"] else 0
+            print(f"  {c['name'][-48:]:<48} {_human(c['logical']):>10} "
+                  f"{_human(c['stored']):>10} {pct:>5.1f}% {dl:>6.0f}% "
+                  f"{c['chain_depth']:>5}")
+    try:
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(render_html(rep))
+            print(f"wrote {args.out}", file=sys.stderr)
+        if args.png:
+            for path in render_png(rep, args.png):
+                print(f"wrote {path}", file=sys.stderr)
+    except ImportError:
+        print("s4fs report: drawing needs matplotlib: pip install 's4fs[report]'",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_status(args) -> int:
@@ -188,36 +267,29 @@ def cmd_ls(args) -> int:
     return 0
 
 
-def file_report(fs, rel: str) -> dict:
-    """What `s4fs stat` shows: sizes, ratio, delta base and chain, per tensor."""
-    m = fs.manifest(rel, fresh=True)
-    own = set(m.own_packs)
-    tensors = []
-    delta_bytes = full_bytes = reused = 0
-    depth = 0
-    for s in m.streams:
-        stored = sum(c.stored for c in s.chunks if c.pack in own)
-        for c in s.chunks:
-            if c.pack not in own:
-                reused += c.raw
-            elif c.base is not None:
-                delta_bytes += c.stored
-            else:
-                full_bytes += c.stored
-            depth = max(depth, c.depth)
-        if s.kind == "tensor":
-            tensors.append({"name": m.names.get(s.name, s.name), "record": s.name,
-                            "dtype": s.dtype, "logical": s.length, "stored": stored})
-    stored = m.stored_bytes()
-    return {"path": rel, "logical": m.size, "stored": stored,
-            "ratio": stored / m.size if m.size else 0.0, "kind": m.kind,
-            "base": (m.base or {}).get("path"), "chain_depth": depth,
-            "stored_delta": delta_bytes, "stored_full": full_bytes,
-            "unchanged_bytes": reused, "tensors": tensors, "xxh128": m.xxh128}
+def _progress(args):
+    """A tqdm progress-bar factory for a long command, or None: none when stderr is not
+    a terminal, with --quiet, or without tqdm installed."""
+    if getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm
+
+
+def _bytes_bar(args, total: int, desc: str):
+    bar = _progress(args)
+    if bar is None:
+        return None
+    return bar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+               leave=False)
 
 
 def cmd_stat(args) -> int:
     from s4fs.api import resolve
+    from s4fs.report import file_report
     fs, rel = resolve(args.path)
     r = file_report(fs, rel)
     if args.json:
@@ -241,11 +313,11 @@ def cmd_verify(args) -> int:
     import xxhash
     from s4fs.api import resolve
     bad = 0
+    from s4fs.report import walk
     for p in args.paths:
         fs, rel = resolve(p)
-        targets = [rel]
-        if fs.stat(rel).is_dir:
-            targets = _walk(fs, rel)
+        targets = walk(fs, rel)
+        bar = _bytes_bar(args, sum(fs.stat(t).size for t in targets), "verify")
         for t in targets:
             try:
                 m = fs.manifest(t, fresh=True)
@@ -254,8 +326,12 @@ def cmd_verify(args) -> int:
                 pos = 0
                 while pos < m.size:
                     data = r.read(pos, 16 << 20)
+                    if not data:
+                        raise OSError(f"{t} ends at {pos} of {m.size} bytes")
                     h.update(data)
                     pos += len(data)
+                    if bar is not None:
+                        bar.update(len(data))
                 ok = h.hexdigest() == m.xxh128
             except Exception as exc:  # report every file, then fail
                 ok = False
@@ -263,25 +339,27 @@ def cmd_verify(args) -> int:
             else:
                 print(f"{'ok  ' if ok else 'FAIL'} {t}")
             bad += not ok
+        if bar is not None:
+            bar.close()
     return 1 if bad else 0
-
-
-def _walk(fs, rel: str) -> list[str]:
-    out = []
-    for n in fs.listdir(rel):
-        p = f"{rel}/{n}" if rel else n
-        if fs.stat(p).is_dir:
-            out += _walk(fs, p)
-        else:
-            out.append(p)
-    return out
 
 
 def cmd_export(args) -> int:
     import shutil
     from s4fs.api import open as s4open
     with s4open(args.path) as src, open(args.dest, "wb") as dst:
-        shutil.copyfileobj(src, dst, 16 << 20)
+        bar = _bytes_bar(args, src.seek(0, 2), "export")
+        src.seek(0)
+        if bar is None:
+            shutil.copyfileobj(src, dst, 16 << 20)
+            return 0
+        with bar:
+            while True:
+                data = src.read(16 << 20)
+                if not data:
+                    break
+                dst.write(data)
+                bar.update(len(data))
     return 0
 
 
@@ -289,7 +367,8 @@ def cmd_gc(args) -> int:
     from s4fs.api import filesystem
     from s4fs.gc import collect
     fs = filesystem(args.store)
-    report = collect(fs.store, grace=args.grace, dry_run=args.dry_run)
+    report = collect(fs.store, grace=args.grace, dry_run=args.dry_run,
+                     progress=_progress(args))
     verb = "would free" if args.dry_run else "freed"
     for key, size in report.freed:
         print(f"{verb} {key} ({size} bytes)")
@@ -345,13 +424,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_stat)
     v = sub.add_parser("verify", help="re-read files and check their whole-file hash")
     v.add_argument("paths", nargs="+")
+    v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     v.set_defaults(fn=cmd_verify)
     e = sub.add_parser("export", help="copy a stored file out, byte-exact")
     e.add_argument("path")
     e.add_argument("dest")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(fn=cmd_export)
+    r = sub.add_parser("report", help="what a folder of checkpoints costs: a table, "
+                                      "--json, an HTML page (--out), PNGs (--png)")
+    r.add_argument("path")
+    r.add_argument("--out", help="write a self-contained HTML report here")
+    r.add_argument("--png", help="write the plots as PNG files into this folder")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    r.add_argument("--top", type=int, default=12,
+                   help="largest tensors to break down by byte plane (default 12)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(fn=cmd_report)
     sy = sub.add_parser("sync", help="wait until a mount has committed every file")
     sy.add_argument("mountpoint")
+    sy.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sy.add_argument("--timeout", type=float,
                     help="give up after this many seconds (default: until each pending "
                          "file is committed or has failed once)")
@@ -363,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gc", help="free packs no file references")
     g.add_argument("store")
     g.add_argument("--dry-run", action="store_true")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     g.add_argument("--grace", type=float, default=6 * 3600,
                    help="keep unreferenced packs younger than this many seconds")
     g.set_defaults(fn=cmd_gc)

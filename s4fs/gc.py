@@ -46,13 +46,15 @@ def live_packs(store: Store) -> tuple[set[str], int]:
 
 
 def collect(store: Store, *, grace: float = 6 * 3600, dry_run: bool = False,
-            now: float | None = None) -> GcReport:
+            now: float | None = None, progress=None) -> GcReport:
+    """``progress``: a tqdm-like factory for a bar over the packs (the CLI's)."""
     # list packs first: a pack written after this listing is not a candidate at all
     packs = list(store.list(keys.PACKS))
     live, n = live_packs(store)
     now = time.time() if now is None else now
     report = GcReport(manifests=n)
-    for obj in packs:
+    for obj in (progress(packs, desc="gc", unit="pack", leave=False) if progress
+                else packs):
         if obj.key in live:
             report.kept += 1
         elif now - obj.mtime < grace:

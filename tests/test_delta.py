@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import s4fs
-from s4fs.cli import file_report
+from s4fs.report import file_report
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.gc import collect
 from s4fs.ingest import IngestConfig
