@@ -18,7 +18,8 @@ runner calls :func:`mark_process_dead` when its child exits). Without the enviro
 variable everything stays in-process (the Python API, tests).
 
 Metrics (all prefixed ``s4fs_``): ``logical_bytes_total`` and ``stored_bytes_total`` of
-saved files, ``compression_ratio`` (stored / logical, computed at scrape time from the
+saved files (with ``stored_delta_bytes_total`` and ``unchanged_bytes_total``, split as
+``s4fs stat`` and ``s4fs report`` split them: :func:`s4fs.report.stored_split`), ``compression_ratio`` (stored / logical, computed at scrape time from the
 two totals), ``loaded_bytes_total``, ``save_seconds`` and ``load_seconds`` histograms,
 ``last_save_timestamp_seconds``, ``uploads_in_flight`` and ``errors_total{kind}``. File
 paths are deliberately not labels: one series per checkpoint would grow without bound.
@@ -53,15 +54,19 @@ def is_available() -> bool:
 
 # --- what the core calls ---------------------------------------------------------------
 
-def observe_save(path: str, logical: int, stored: int, seconds: float) -> None:
+def observe_save(path: str, logical: int, stored: int, seconds: float, *,
+                 stored_delta: int = 0, unchanged: int = 0) -> None:
     """A file was saved durably: ``logical`` bytes written by the user, ``stored`` bytes
-    it takes in the store, ``seconds`` from open to the end of close."""
+    it takes in the store (``stored_delta`` of them as deltas; ``unchanged`` logical
+    bytes reused as they were), ``seconds`` from open to the end of close."""
     m = _get()
     if m is None:
         return
     try:
         m.logical.inc(max(0, logical))
         m.stored.inc(max(0, stored))
+        m.stored_delta.inc(max(0, stored_delta))
+        m.unchanged.inc(max(0, unchanged))
         m.save_seconds.observe(max(0.0, seconds))
         m.last_save.set(time.time())
     except Exception:                         # metrics must never break a save
@@ -194,6 +199,10 @@ _SPEC = [
      "Bytes users wrote into saved files (before compression)", {}),
     ("stored", "counter", "stored_bytes",
      "Bytes the saved files take in the store (after compression and delta)", {}),
+    ("stored_delta", "counter", "stored_delta_bytes",
+     "Of stored_bytes, those stored as deltas against an earlier checkpoint", {}),
+    ("unchanged", "counter", "unchanged_bytes",
+     "Logical bytes of saved files reused unchanged from an earlier checkpoint", {}),
     ("loaded", "counter", "loaded_bytes", "Bytes read back from files", {}),
     ("save_seconds", "histogram", "save_seconds",
      "Time from open to durable close of a saved file", {"buckets": LATENCY_BUCKETS}),

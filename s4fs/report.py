@@ -25,15 +25,14 @@ FAMILIES = ("weights", "exp_avg", "exp_avg_sq", "other")
 _FLOAT = ("float", "bfloat", "half", "double", "complex")
 
 
-def file_report(fs, rel: str) -> dict:
-    """Sizes, ratio, delta base and chain, per tensor, of one committed file."""
-    m = fs.manifest(rel, fresh=True)
+def stored_split(m) -> dict:
+    """How one version's bytes were stored: ``stored_delta`` and ``stored_full`` (bytes
+    in its own packs, as deltas / whole chunks), ``unchanged`` (logical bytes of chunks
+    reused from an earlier version), ``chain_depth``. The one place this is counted:
+    ``s4fs stat``, ``s4fs report`` and the metrics all use it."""
     own = set(m.own_packs)
-    tensors = []
-    delta_bytes = full_bytes = reused = 0
-    depth = 0
+    delta_bytes = full_bytes = reused = depth = 0
     for s in m.streams:
-        stored = sum(c.stored for c in s.chunks if c.pack in own)
         for c in s.chunks:
             if c.pack not in own:
                 reused += c.raw
@@ -42,15 +41,25 @@ def file_report(fs, rel: str) -> dict:
             else:
                 full_bytes += c.stored
             depth = max(depth, c.depth)
-        if s.kind == "tensor":
-            tensors.append({"name": m.names.get(s.name, s.name), "record": s.name,
-                            "dtype": s.dtype, "logical": s.length, "stored": stored})
+    return {"stored_delta": delta_bytes, "stored_full": full_bytes, "unchanged": reused,
+            "chain_depth": depth}
+
+
+def file_report(fs, rel: str) -> dict:
+    """Sizes, ratio, delta base and chain, per tensor, of one committed file."""
+    m = fs.manifest(rel, fresh=True)
+    own = set(m.own_packs)
+    tensors = [{"name": m.names.get(s.name, s.name), "record": s.name, "dtype": s.dtype,
+                "logical": s.length,
+                "stored": sum(c.stored for c in s.chunks if c.pack in own)}
+               for s in m.streams if s.kind == "tensor"]
+    split = stored_split(m)
     stored = m.stored_bytes()
     return {"path": rel, "logical": m.size, "stored": stored,
             "ratio": stored / m.size if m.size else 0.0, "kind": m.kind,
-            "base": (m.base or {}).get("path"), "chain_depth": depth,
-            "stored_delta": delta_bytes, "stored_full": full_bytes,
-            "unchanged_bytes": reused, "tensors": tensors, "xxh128": m.xxh128,
+            "base": (m.base or {}).get("path"), "chain_depth": split["chain_depth"],
+            "stored_delta": split["stored_delta"], "stored_full": split["stored_full"],
+            "unchanged_bytes": split["unchanged"], "tensors": tensors, "xxh128": m.xxh128,
             "mtime": m.mtime}
 
 

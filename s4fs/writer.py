@@ -356,8 +356,11 @@ class WriteHandle:
         self._ingested = self._claimed = 0
         self._stream_ok = True
         self._stop = False
+        from s4fs.report import stored_split
+        split = stored_split(m)
         metrics.observe_save(self.path, m.size, m.stored_bytes(),
-                             time.monotonic() - self.opened)
+                             time.monotonic() - self.opened,
+                             stored_delta=split["stored_delta"], unchanged=split["unchanged"])
 
     def _retry_later(self, exc: BaseException) -> None:
         self.attempts += 1

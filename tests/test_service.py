@@ -241,7 +241,7 @@ def test_metrics_of_a_child_process_reach_the_runner_registry(tmp_path):
     d = tmp_path / "metrics"
     writer = textwrap.dedent("""
         from s4fs import metrics
-        metrics.observe_save("run/ckpt.pt", 1000, 250, 0.5)
+        metrics.observe_save("run/ckpt.pt", 1000, 250, 0.5, stored_delta=100, unchanged=30)
         metrics.uploads_started(4); metrics.uploads_finished(1)
         metrics.observe_error("Upload failed")
     """)
@@ -258,6 +258,8 @@ def test_metrics_of_a_child_process_reach_the_runner_registry(tmp_path):
                          timeout=60).stdout
     assert _sample(out, "s4fs_logical_bytes_total") == 2000
     assert _sample(out, "s4fs_stored_bytes_total") == 500
+    assert _sample(out, "s4fs_stored_delta_bytes_total") == 200
+    assert _sample(out, "s4fs_unchanged_bytes_total") == 60
     assert _sample(out, "s4fs_compression_ratio") == pytest.approx(0.25)
     assert _sample(out, "s4fs_save_seconds_count") == 2
     assert _sample(out, 's4fs_errors_total{kind="upload_failed"}') == 2
@@ -359,6 +361,30 @@ def test_metrics_endpoint_serves_text_that_moves_after_a_save(tmp_path):
         assert _sample(after, name) - _sample(before, name) == delta, name
     assert 's4fs_errors_total{kind="checksum"}' in after
     assert 0 < _sample(after, "s4fs_compression_ratio") < 1
+
+
+def test_a_real_delta_save_moves_the_delta_metrics_as_s4fs_stat_counts(tmp_path):
+    import torch
+
+    import s4fs
+    from s4fs import metrics
+    from s4fs.report import file_report
+    if not metrics.is_available():
+        pytest.skip("prometheus-client is not installed (pip install 's4fs[service]')")
+    g = torch.Generator().manual_seed(0)
+    sd = {"w": torch.randn(1 << 20, generator=g), "frozen": torch.randn(1 << 20, generator=g)}
+    s4fs.save(sd, tmp_path / "ckpt_1.pt")
+    before = metrics.text().decode()
+    sd["w"][::50] += 0.01                     # a training step; "frozen" stays the same
+    s4fs.save(sd, tmp_path / "ckpt_2.pt")
+    after = metrics.text().decode()
+    fs, rel = s4fs.resolve(tmp_path / "ckpt_2.pt")
+    r = file_report(fs, rel)
+    assert r["stored_delta"] > 0 and r["unchanged_bytes"] >= 4 << 20
+    for name, value in [("s4fs_stored_delta_bytes_total", r["stored_delta"]),
+                        ("s4fs_unchanged_bytes_total", r["unchanged_bytes"]),
+                        ("s4fs_stored_bytes_total", r["stored"])]:
+        assert _sample(after, name) - _sample(before, name) == value, name
 
 
 # --- entitlement (AWS Marketplace RegisterUsage, fail-closed) ---------------------------
