@@ -271,6 +271,8 @@ class ReadHandle:
         # shows (s4fs.fill), read from that copy as its batches land
         self._fill_fn = fill_fn
         self._fill = None
+        self._fill_lock = threading.Lock()      # FUSE may read one handle from threads
+        self._dead_fds: list[int] = []
         self.path = path
         self.opened = time.monotonic()
         self.nbytes = 0
@@ -299,26 +301,32 @@ class ReadHandle:
         size = self._reader.size
         if offset + n < size - (64 << 10) and self.nbytes + n < (8 << 20):
             return
-        got, self._fill_fn = self._fill_fn(), None
-        if got is not None:
-            self._fill, self._fd = got
-            self._size_fn = lambda: size
+        with self._fill_lock:
+            if self._fill_fn is None:
+                return                        # another thread started it
+            got, self._fill_fn = self._fill_fn(), None
+            if got is not None:
+                self._size_fn = lambda: size
+                self._fill, self._fd = got
 
     def readinto(self, offset: int, dest) -> int:
         if self._fill_fn is not None:
             self._start_fill(offset, len(dest))
-        if self._fd is not None and self._reader is not None:
+        fd, fill = self._fd, self._fill
+        if fd is not None and self._reader is not None:
             mv = memoryview(dest).cast("B")
             end = min(offset + len(mv), self._reader.size)
             if offset >= end:
                 return 0
-            if self._fill is None or self._fill.wait(offset, end):
-                n = os.preadv(self._fd, [mv[: end - offset]], offset)
+            if fill is None or fill.wait(offset, end):
+                n = os.preadv(fd, [mv[: end - offset]], offset)
                 self._check(offset, mv[:n])
                 self.nbytes += n
                 return n
-            os.close(self._fd)                # the fill failed: decode here from now on
-            self._fd, self._fill = None, None
+            with self._fill_lock:             # the fill failed: decode here from now on
+                if self._fd == fd:
+                    self._fd, self._fill = None, None
+                    self._dead_fds.append(fd)     # closed at release: others may use it
         if self._reader is not None:
             n = self._reader.readinto(offset, memoryview(dest).cast("B"))
         else:
@@ -345,3 +353,6 @@ class ReadHandle:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        for fd in self._dead_fds:
+            os.close(fd)
+        self._dead_fds.clear()

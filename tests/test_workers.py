@@ -430,3 +430,36 @@ def test_decode_ahead_with_a_missing_pack_is_an_error_not_wrong_bytes(tmp_path):
         assert not [n for n in os.listdir(other.decoded.folder) if n.startswith(".fill")]
     finally:
         other.close()
+
+
+def test_decode_ahead_with_readers_on_many_threads(tmp_path):
+    """FUSE reads one handle from several threads: all of them wait on one fill and get
+    exact bytes."""
+    import threading
+    fs = make_fs(tmp_path)
+    try:
+        data = torch_bytes(adversarial_state(4))
+        save(fs, "ckpt.pt", data)
+    finally:
+        fs.close()
+    other = cold_fs(tmp_path)
+    try:
+        r = other.open_read("ckpt.pt")
+        size = r.size
+        step = 1 << 20
+        got: dict[int, bytes] = {}
+
+        def reader(k):
+            for off in range(k * step, size, 4 * step):
+                got[off] = r.read(off, step)
+        try:
+            assert r.read(size - 22, 22) == data[-22:]       # the tail: the fill starts
+            ts = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+            [t.start() for t in ts]
+            [t.join(60) for t in ts]
+            assert r._fill is not None, "no decode ahead started"
+        finally:
+            r.release()
+        assert b"".join(got[o] for o in sorted(got)) == data
+    finally:
+        other.close()
