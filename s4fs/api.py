@@ -78,6 +78,17 @@ def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:
 
 def _through_mount(full: str):
     """A path under an s4fs mount of this machine maps to the mount's store."""
+    found = mount_of(full)
+    if found is None:
+        return None
+    source, _, rel = found
+    return filesystem(source), rel
+
+
+def mount_of(path) -> tuple[str, str, str] | None:
+    """``(store URL, mountpoint, path inside the store)`` when ``path`` lies under an
+    s4fs mount of this machine, else None."""
+    full = os.path.abspath(os.fspath(path))
     try:
         with builtins_open("/proc/self/mounts") as f:
             lines = f.read().splitlines()
@@ -96,7 +107,7 @@ def _through_mount(full: str):
     if best is None:
         return None
     rel = os.path.relpath(full, best[1]).replace(os.sep, "/")
-    return filesystem(best[0]), "" if rel == "." else rel
+    return best[0], best[1], "" if rel == "." else rel
 
 
 def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:

@@ -289,9 +289,14 @@ def _bytes_bar(args, total: int, desc: str):
 
 def cmd_stat(args) -> int:
     from s4fs.api import resolve
+    from s4fs.errors import NotFound
     from s4fs.report import file_report
     fs, rel = resolve(args.path)
-    r = file_report(fs, rel)
+    try:
+        r = file_report(fs, rel)
+    except NotFound:
+        _not_committed_yet(args.path)
+        raise
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
@@ -307,6 +312,28 @@ def cmd_stat(args) -> int:
             print(f"  {t['name'][:60]:<60} {t['dtype']:<14} {t['logical']:>12} "
                   f"{t['stored']:>12} {pct:>6.1f}")
     return 0
+
+
+def _not_committed_yet(path) -> None:
+    """A file a writeback mount accepted but has not committed is not in the store yet:
+    say so (and how to wait for it) instead of "no such file"."""
+    from s4fs.api import mount_of
+    from s4fs.control import request
+    from s4fs.errors import NotFound
+    found = mount_of(path)
+    if found is None:
+        return
+    _, point, rel = found
+    try:
+        pending = request(point, "status", wait=10).get("pending", [])
+    except Exception:                              # noqa: BLE001 - only a better message
+        return
+    for p in pending:
+        if p["path"] == rel:
+            state = f"its commit failed {p['attempts']} times: {p['error']}" \
+                if p["attempts"] else "its commit is running"
+            raise NotFound(f"{path} is accepted by the writeback mount at {point} but not "
+                           f"in the store yet ({state}); `s4fs sync {point}` waits for it")
 
 
 def cmd_verify(args) -> int:

@@ -76,6 +76,7 @@ def test_stored_smaller_and_stat_cli(mounted):
     sd = {"w": torch.randn(512, 512).to(torch.bfloat16), "opt": torch.zeros(100000)}
     dst = os.path.join(mounted.path, "small.pt")
     torch.save(sd, dst)
+    mounted.sync()              # writeback: the stored size exists once it is committed
     out = subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", dst, "--json"],
                          capture_output=True, text=True, check=True).stdout
     import json

@@ -125,6 +125,9 @@ def test_store_down_status_sync_then_recovery_commits(request, mount_factory,
                     ["pending"][0]["attempts"] >= 1)
     st = cli("status", m.path)
     assert "ckpt.pt" in st.stdout and "failing" in st.stdout
+    st = cli("stat", path)              # not in the store yet: said so, not "no such file"
+    assert st.returncode == 1 and "not in the store yet" in st.stderr and \
+        "commit failed" in st.stderr, st.stderr
     # /metrics and /healthz say so too
     text = scrape(metrics_dir)
     assert gauge(text, "s4fs_pending_commit_files") == 1
