@@ -169,9 +169,14 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         res["sync"] = timed(lambda: cli("sync", mnt)) if mode == "writeback" else 0.0
         last = f"ckpt_{len(cks) - 1}.pt"
         pm, pl = os.path.join(mnt, last), os.path.join(local, last)
-        for _ in range(loads):
-            res["warm_m"].append(timed(lambda: torch.load(pm)))
-            res["warm_l"].append(timed(lambda: torch.load(pl)))
+        torch.load(os.path.join(local, "ckpt_0.pt"))   # untimed: torch.load's own warm-up
+        for k in range(loads):                           # alternating which side goes first
+            if k % 2:
+                res["warm_l"].append(timed(lambda: torch.load(pl)))
+                res["warm_m"].append(timed(lambda: torch.load(pm)))
+            else:
+                res["warm_m"].append(timed(lambda: torch.load(pm)))
+                res["warm_l"].append(timed(lambda: torch.load(pl)))
         logical = stored = 0
         for i in range(len(cks)):
             r = json.loads(cli("stat", "--json", os.path.join(mnt, f"ckpt_{i}.pt")).stdout)
