@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import io
 import os
 import threading
@@ -195,21 +196,22 @@ def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
 def save(obj, path, **torch_save_kwargs) -> None:
     """``torch.save(obj)`` into the store: tensor-aware, compressed, atomic."""
     import torch
-
-    def write(h):
-        w = io.BufferedWriter(_WriteStream(h), 4 << 20)
+    with writing(path) as w:
         torch.save(obj, w, **torch_save_kwargs)
-        w.flush()
-    _commit_new(path, write)
 
 
-def _commit_new(path, write) -> None:
-    """Open ``path`` for writing, let ``write(handle)`` fill it, commit; on any error
-    abort, so nothing half-written becomes visible."""
+@contextlib.contextmanager
+def writing(path):
+    """A buffered binary stream that becomes the file at ``path``: committed (in the
+    store) when the block ends, nothing of it visible if the block raises. The stream may
+    be closed inside the block (it is flushed then)."""
     fs, rel = resolve(path, create=True)
     h = fs.open_write(rel, truncate=True)
+    w = io.BufferedWriter(_WriteStream(h), 4 << 20)
     try:
-        write(h)
+        yield w
+        if not w.closed:
+            w.flush()
         h.fsync()
     except BaseException:
         h.abort()
@@ -219,7 +221,8 @@ def _commit_new(path, write) -> None:
 
 def write_bytes(path, data) -> None:
     """Store raw bytes (any file) at ``path``."""
-    _commit_new(path, lambda h: h.write(0, data))
+    with writing(path) as w:
+        w.write(data)
 
 
 def read_bytes(path) -> bytes:

@@ -24,7 +24,6 @@ is DCP's own code.
 
 from __future__ import annotations
 
-import io
 import os
 from contextlib import contextmanager
 
@@ -51,18 +50,8 @@ class S4FileSystem(FileSystemBase):
             return
         if mode not in ("wb", "w"):
             raise InvalidArgument(f"s4fs.dcp: mode {mode!r} is not supported (wb or rb)")
-        fs, rel = api.resolve(path, create=True)
-        h = fs.open_write(rel, truncate=True)
-        w = io.BufferedWriter(api._WriteStream(h), 4 << 20)
-        try:
+        with api.writing(path) as w:      # committed: in the store when this returns
             yield w
-            if not w.closed:              # DCP closes some streams itself (flushed then)
-                w.flush()
-            h.fsync()                     # committed: in the store when this returns
-        except BaseException:
-            h.abort()
-            raise
-        h.release()
 
     def concat_path(self, path, suffix: str) -> str:
         return f"{_url(path)}/{suffix}"

@@ -53,6 +53,30 @@ class IngestConfig:
     batch_bytes: int = 16 << 20
 
 
+FULL, DELTA, SAME = 0, 1, 2        # how a chunk is stored: coded whole, as a delta, reused
+
+
+def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
+               cfg: IngestConfig, device: str | None = None) -> tuple[bytes, int]:
+    """Code one chunk: ``(blob, FULL)``, ``(delta, DELTA)`` against ``base`` (whose raw
+    bytes ``base_bytes()`` returns), or ``(b"", SAME)`` when it equals its base. A delta
+    is kept when it is tiny, or no larger than ``cfg.delta_min_gain`` of the full coding.
+    The one rule for both the in-process pool and the worker processes (s4fs.workers)."""
+    device = cfg.device if device is None else device
+    if base is None or base.raw != len(data) or base.depth >= cfg.max_delta_depth:
+        return codec.compress(data, dtype, device=device), FULL
+    base_raw = base_bytes()
+    if base.checksum == checksum and base_raw == data:
+        return b"", SAME
+    delta = codec.compress(data, dtype, base=base_raw, device=device)
+    if len(delta) < 0.25 * len(data):
+        return delta, DELTA
+    full = codec.compress(data, dtype, device=device)
+    if len(delta) <= cfg.delta_min_gain * len(full):
+        return delta, DELTA
+    return full, FULL
+
+
 def lower_priority(nice: int) -> None:
     """Give the calling thread (Linux: threads have their own nice value) a lower CPU
     priority; a no-op where that is not possible."""
@@ -312,23 +336,12 @@ class IngestSession:
     def _encode(self, data: bytes, dtype: str, base: ChunkRef | None):
         """Runs on the codec pool. Returns (blob | None, base ref | None, checksum, raw)."""
         sum_ = codec.checksum(data)
-        cfg = self.cfg
-        if base is not None and self._source is not None and base.raw == len(data) \
-                and base.depth < cfg.max_delta_depth:
-            if base.checksum == sum_:
-                base_raw = self._source.get(base)
-                if base_raw == data:
-                    return None, base, sum_, len(data)     # unchanged: reuse the base chunk
-            else:
-                base_raw = self._source.get(base)
-            delta = codec.compress(data, dtype, base=base_raw, device=cfg.device)
-            if len(delta) < 0.25 * len(data):
-                return delta, base, sum_, len(data)
-            full = codec.compress(data, dtype, device=cfg.device)
-            if len(delta) <= cfg.delta_min_gain * len(full):
-                return delta, base, sum_, len(data)
-            return full, None, sum_, len(data)
-        return codec.compress(data, dtype, device=cfg.device), None, sum_, len(data)
+        if self._source is None:
+            base = None
+        blob, kind = code_chunk(data, dtype, sum_, base,
+                                (lambda: self._source.get(base)), self.cfg)
+        return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, \
+            len(data)
 
     def _drain_one(self) -> None:
         p = self._pending.popleft()
@@ -520,19 +533,15 @@ class _ProcessCoding:
             self._drain_oldest()
         b.key = keys.new_pack_key()
         b.future = self.pool.submit(Job(self.store_spec, self.spool, b.key, tuple(b.items),
-                                        self.base_file, self.cfg.max_delta_depth,
-                                        self.cfg.delta_min_gain))
+                                        self.base_file, self.cfg))
         self._submitted.append(b)
 
     def _drain_oldest(self) -> None:
         b = self._submitted[0]
-        while self._pending and self._pending[0][1] is b:
-            self._drain_one()
-        if self._submitted and self._submitted[0] is b:
-            self._submitted.popleft()
+        while self._submitted and self._submitted[0] is b:
+            self._drain_one()                 # pops the batch with its last chunk
 
     def _drain_one(self) -> None:
-        from s4fs.workers import DELTA, SAME
         stream, b, i, raw, sum_, base = self._pending.popleft()
         if b.result is None:
             b.result = self.pool.result(b.future, repr(self.s.label or self.spool))

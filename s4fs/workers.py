@@ -38,9 +38,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from s4fs.errors import CodecError
+from s4fs.ingest import SAME, IngestConfig, code_chunk
 from s4fs.manifest import ChunkRef
 
-FULL, DELTA, SAME = 0, 1, 2          # how a chunk was stored (see ItemResult.kind)
 
 
 class WorkerDied(CodecError):
@@ -64,8 +64,7 @@ class Job:
     pack: str                     # key to store the batch's pack under
     items: tuple[Item, ...]
     base_file: str | None = None  # decoded-cache file of the delta base version
-    max_delta_depth: int = 4
-    delta_min_gain: float = 0.9
+    cfg: IngestConfig = IngestConfig()  # the delta rules (max depth, minimum gain)
 
 
 @dataclass(frozen=True)
@@ -188,21 +187,9 @@ def code_batch(job: Job) -> JobResult:
 
 
 def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes, int]:
-    """The same choice as the in-process path (s4fs.ingest): reuse, delta or full."""
-    from s4fs import codec
-    base = item.base
-    if base is None or base.raw != len(data) or base.depth >= job.max_delta_depth:
-        return codec.compress(data, item.dtype, device="cpu"), FULL
-    base_raw = _base_bytes(job, item, base_fd)
-    if base.checksum == item.checksum and base_raw == data:
-        return b"", SAME
-    delta = codec.compress(data, item.dtype, base=base_raw, device="cpu")
-    if len(delta) < 0.25 * len(data):
-        return delta, DELTA
-    full = codec.compress(data, item.dtype, device="cpu")
-    if len(delta) <= job.delta_min_gain * len(full):
-        return delta, DELTA
-    return full, FULL
+    """The same choice as the in-process path: s4fs.ingest.code_chunk, on the CPU."""
+    return code_chunk(data, item.dtype, item.checksum, item.base,
+                      lambda: _base_bytes(job, item, base_fd), job.cfg, device="cpu")
 
 
 @dataclass(frozen=True)
