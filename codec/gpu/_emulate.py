@@ -65,6 +65,18 @@ extern "C" void emu_sample_histograms(unsigned gx, unsigned gy, unsigned bx, u64
 extern "C" void emu_fill_segments(unsigned gx, unsigned gy, unsigned bx, u64 segs, u64 n) {
     run_grid(gx, gy, bx, [&] { fill_segments(P(const u64*, segs), n); });
 }
+extern "C" void emu_xxh3_run_blocks(unsigned gx, unsigned gy, unsigned bx, u64 runs, u64 n, u64 total, u64 sums) {
+    run_grid(gx, gy, bx, [&] { xxh3_run_blocks(P(const u64*, runs), n, total, P(u64*, sums)); });
+}
+extern "C" void emu_xxh3_chain(unsigned gx, unsigned gy, unsigned bx, u64 sums, u64 nfull, u64 accs) {
+    run_grid(gx, gy, bx, [&] { xxh3_chain(P(const u64*, sums), nfull, P(u64*, accs)); });
+}
+extern "C" void emu_crc32_blocks(unsigned gx, unsigned gy, unsigned bx, u64 items, u64 table, u64 out) {
+    run_grid(gx, gy, bx, [&] { crc32_blocks(P(const u64*, items), P(const u32*, table), P(u32*, out)); });
+}
+extern "C" void emu_crc32_join(unsigned gx, unsigned gy, unsigned bx, u64 items, u64 blocks, u64 shift, u64 out, u64 n) {
+    run_grid(gx, gy, bx, [&] { crc32_join(P(const u64*, items), P(const u32*, blocks), P(const u32*, shift), P(u32*, out), n); });
+}
 """
 
 

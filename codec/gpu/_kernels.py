@@ -13,6 +13,10 @@ Kernels:
   planes whose bytes are all equal.
 * ``merge<...>`` — the inverse, XOR-ing the base back in.
 * ``copy_segments`` / ``fill_segments`` — batched gathers and fills (blob assembly).
+* ``xxh3_run_blocks`` / ``xxh3_chain`` — XXH3 accumulators of a whole file laid out as
+  runs of stripes in several buffers (``s4fs.save`` of device tensors: the file's
+  XXH3-128 without the file existing anywhere in one piece).
+* ``crc32_blocks`` / ``crc32_join`` — zip CRC-32 of many records, block-parallel.
 
 Pointers travel as 64-bit integers, so one signature serves every buffer. Every
 kernel avoids shared memory, barriers and warp intrinsics: running its blocks and
@@ -553,6 +557,108 @@ extern "C" __global__ void fill_segments(const u64* segs, u64 nseg) {
         for (u64 i = threadIdx.x; i < len; i += blockDim.x) dst[i] = val;
     }
 }
+// ---------------------------------------------------------------- whole files
+
+// XXH3 block sums of a file described as runs of whole 64-byte stripes; runs: 3 u64
+// each (first stripe, stripe count, pointer to its bytes), sorted, covering stripes
+// 0..total-1. Block b (16 stripes) gets its 8 lane sums in sums[8b..]; the last block
+// may be partial or empty (zeros). A run pointer need not be aligned.
+__device__ __forceinline__ u64 ld64(const u8* p, bool aligned) {
+    return aligned ? *(const u64*)p : load_shifted(p);
+}
+
+extern "C" __global__ void xxh3_run_blocks(const u64* runs, u64 nruns, u64 total, u64* sums) {
+    u64 nblocks = total / 16 + 1;
+    u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += step) {
+        u64 s0 = 16 * b;
+        int ns = total - s0 >= 16 ? 16 : (int)(total - s0);
+        u64 acc[8];
+        for (int i = 0; i < 8; ++i) acc[i] = 0;
+        if (ns > 0) {
+            u64 lo = 0, hi = nruns;               // last run whose first stripe <= s0
+            while (hi - lo > 1) {
+                u64 mid = (lo + hi) / 2;
+                if (runs[3 * mid] <= s0) lo = mid; else hi = mid;
+            }
+            u64 r = lo;
+            for (int j = 0; j < ns; ++j) {
+                u64 s = s0 + j;
+                while (s >= runs[3 * r] + runs[3 * r + 1]) ++r;
+                const u8* p = (const u8*)runs[3 * r + 2] + 64 * (s - runs[3 * r]);
+                bool al = (((u64)p) & 7) == 0;
+                for (int q = 0; q < 4; ++q) {
+                    u64 d0 = ld64(p + 16 * q, al), d1 = ld64(p + 16 * q + 8, al);
+                    u64 k0 = d0 ^ XKEY[j + 2 * q], k1 = d1 ^ XKEY[j + 2 * q + 1];
+                    acc[2 * q + 1] += d0;
+                    acc[2 * q] += d1;
+                    acc[2 * q] += (k0 & 0xffffffffULL) * (k0 >> 32);
+                    acc[2 * q + 1] += (k1 & 0xffffffffULL) * (k1 >> 32);
+                }
+            }
+        }
+        for (int i = 0; i < 8; ++i) sums[8 * b + i] = acc[i];
+    }
+}
+
+// the scramble chain over nfull whole blocks, then the partial block's sums (8 threads)
+extern "C" __global__ void xxh3_chain(const u64* sums, u64 nfull, u64* accs) {
+    int lane = (int)threadIdx.x;
+    if (lane >= 8) return;
+    u64 acc = XINIT[lane];
+    u64 key = XKEY[16 + lane];
+    for (u64 b = 0; b < nfull; ++b) {
+        acc += sums[8 * b + lane];
+        acc ^= acc >> 47;
+        acc ^= key;
+        acc *= P32_1;
+    }
+    accs[lane] = acc + sums[8 * nfull + lane];
+}
+
+// CRC-32 (zip's), in two steps. Each record is cut into CRC_BLOCK-byte blocks counted
+// from its end (the first block is the short one); crc32_blocks computes each block's
+// CRC register with a zero start and no final inversion, in parallel. Leading zero bytes
+// do not change such a register, so every block can be taken as a whole CRC_BLOCK one,
+// and crc32_join folds a record's blocks in order: c = shift(c) ^ block, where shift
+// (4 tables of 256) advances a register over CRC_BLOCK zero bytes.
+// items: 4 u64 per record: pointer, length, first block slot, block count.
+#define CRC_BLOCK 16384
+extern "C" __global__ void crc32_blocks(const u64* items, const u32* table, u32* out) {
+    const u64* it = items + 4 * (u64)blockIdx.y;
+    const u8* p = (const u8*)it[0];
+    u64 len = it[1], nb = it[3];
+    u64 pad = nb * CRC_BLOCK - len;
+    u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += step) {
+        u64 lo = b * CRC_BLOCK < pad ? 0 : b * CRC_BLOCK - pad;
+        u64 hi = (b + 1) * CRC_BLOCK - pad;
+        u32 c = 0;
+        u64 i = lo;
+        for (; i < hi && (((u64)(p + i)) & 3); ++i) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+        for (; i + 4 <= hi; i += 4) {
+            c ^= *(const u32*)(p + i);
+            c = table[768 + (c & 0xff)] ^ table[512 + ((c >> 8) & 0xff)] ^
+                table[256 + ((c >> 16) & 0xff)] ^ table[c >> 24];
+        }
+        for (; i < hi; ++i) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+        out[it[2] + b] = c;
+    }
+}
+
+extern "C" __global__ void crc32_join(const u64* items, const u32* blocks, const u32* shift,
+                                      u32* out, u64 n) {
+    u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const u64* it = items + 4 * r;
+    const u32* bl = blocks + it[2];
+    u32 c = 0;
+    for (u64 b = 0; b < it[3]; ++b)
+        c = shift[c & 0xff] ^ shift[256 + ((c >> 8) & 0xff)] ^ shift[512 + ((c >> 16) & 0xff)] ^
+            shift[768 + (c >> 24)] ^ bl[b];
+    out[r] = c;
+}
+
 """
 
 
