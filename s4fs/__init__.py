@@ -19,6 +19,6 @@ def __getattr__(name):
     raise AttributeError(f"module 's4fs' has no attribute {name!r}")
 
 
-_API = ("save", "load", "open", "write_bytes", "read_bytes", "resolve", "filesystem")
+_API = ("save", "async_save", "load", "open", "write_bytes", "read_bytes", "resolve", "filesystem")
 _CKPT = ("save_checkpoint", "load_checkpoint", "list_checkpoints")
 __all__ = ["S4Error", "__version__", *_API, *_CKPT]

@@ -194,8 +194,44 @@ def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
 
 
 def save(obj, path, **torch_save_kwargs) -> None:
-    """``torch.save(obj)`` into the store: tensor-aware, compressed, atomic."""
+    """``torch.save(obj, path)`` into the store: the stored file has exactly the bytes
+    ``torch.save`` writes to a local file of that name; compressed (CUDA tensors on the
+    GPU, straight from device memory), atomic. See :mod:`s4fs.torchsave`."""
+    from s4fs import torchsave
+    profile = torch_save_kwargs.pop("profile", None)
+    try:
+        torchsave.save(obj, path, profile=profile, **torch_save_kwargs)
+    except torchsave.Unsupported as why:
+        _stream_save(obj, path, why, **torch_save_kwargs)
+
+
+def async_save(obj, path, **torch_save_kwargs):
+    """Like :func:`save`, but returns a ``concurrent.futures.Future`` as soon as ``obj``
+    is snapshotted (its pickle, and a copy of every storage: on the GPU for CUDA
+    tensors, in host memory for CPU ones); the tensors may change right away. The
+    Future's ``result()`` is ``None`` once the file is committed, or raises what went
+    wrong (nothing is committed then)."""
+    from s4fs import torchsave
+    profile = torch_save_kwargs.pop("profile", None)
+    try:
+        return torchsave.async_save(obj, path, profile=profile, **torch_save_kwargs)
+    except torchsave.Unsupported as why:
+        import concurrent.futures as cf
+        fut = cf.Future()
+        try:
+            _stream_save(obj, path, why, **torch_save_kwargs)
+        except BaseException as exc:               # noqa: BLE001 - reported in the Future
+            fut.set_exception(exc)
+        else:
+            fut.set_result(None)
+        return fut
+
+
+def _stream_save(obj, path, why, **torch_save_kwargs) -> None:
+    """torch.save into a stream (the archive folder is then torch's "archive/")."""
+    import logging
     import torch
+    logging.getLogger("s4fs.save").info("s4fs.save of %s streams the file (%s)", path, why)
     with writing(path) as w:
         torch.save(obj, w, **torch_save_kwargs)
 
@@ -230,8 +266,9 @@ def read_bytes(path) -> bytes:
         return f.read()
 
 
-def load(path, **torch_load_kwargs):
-    """``torch.load`` of a stored file; the bytes torch sees are the exact bytes saved."""
-    import torch
-    with open(path) as f:
-        return torch.load(f, **torch_load_kwargs)
+def load(path, map_location=None, **torch_load_kwargs):
+    """``torch.load`` of a stored file; the bytes torch sees are the exact bytes saved.
+    With ``map_location="cuda"`` (or ``"cuda:N"``) and the GPU codec installed, the
+    tensors are decoded on that GPU, not copied up from host memory."""
+    from s4fs import torchsave
+    return torchsave.load(path, map_location, **torch_load_kwargs)

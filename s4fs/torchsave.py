@@ -1,0 +1,746 @@
+"""``s4fs.save`` / ``s4fs.async_save`` / ``s4fs.load``: torch files stored without ever
+being written out as one byte stream.
+
+A file saved here has exactly the bytes ``torch.save(obj, path)`` writes to a local file
+of that name: torch itself lays the file out (``torch.save`` under
+``torch.serialization.skip_data()`` into a sparse scratch file of the same name, which
+holds every zip header, the pickle and the small records, and only holes where the
+storages go); s4fs fills in what depends on the storage bytes — the CRC-32 of every
+storage record (zip data descriptor and central directory) and the serialization id
+(a hash of those CRCs) — and stores the storages themselves:
+
+* **CPU storages**: the file's bytes, in order, go through the ingest pipeline
+  (parser, chunks, delta against the previous version, CPU codec), as a mount would
+  store them.
+* **CUDA storages**: coded on the device, straight from the tensors' memory, batched
+  across tensors (``s4fs.codec.gpu.compress_many``); the CRC-32s and the file's
+  XXH3-128 are computed on the device too (``s4fs.codec.gpu._wholefile``), so only
+  coded bytes cross to the host. The manifest is built here, with the same streams,
+  names and dtypes the parser would give.
+
+``async_save`` takes a snapshot first (the pickle, and a copy of every storage: on the
+device for CUDA storages, in host memory for CPU ones) and returns a Future; the
+coding and the commit run on one background thread. ``load(..., map_location="cuda")``
+decodes the storages on the device and rebuilds the objects with torch's own
+unpickling (``torch.serialization._load``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures as cf
+import logging
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+
+from s4fs import keys
+from s4fs.errors import InvalidArgument, S4Error
+
+log = logging.getLogger("s4fs.save")
+
+_tls = threading.local()
+_hook_lock = threading.Lock()
+_DESC_SIG = b"PK\x07\x08"
+_CD_SIG = b"PK\x01\x02"
+_M64 = (1 << 64) - 1
+GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
+
+
+class Unsupported(S4Error):
+    """This object or call cannot take the direct path; the caller streams instead."""
+
+
+# --------------------------------------------------------------------------- layout
+
+@dataclass
+class Record:
+    name: str                # inside the archive folder, e.g. "data/3"
+    header: int              # local header offset
+    data: int                # first data byte
+    size: int
+    crc: int
+    central: int             # offset of its central directory entry
+    descriptor: int | None   # offset of its data descriptor (None: no data)
+
+
+@dataclass
+class Layout:
+    """A torch file as torch lays it out: host pieces (every byte that is not storage
+    data) and the storages, in file order."""
+    size: int
+    records: list[Record]
+    storages: list           # torch.UntypedStorage per key "0", "1", ... (key order)
+    storage_records: list[Record]
+    host: list[tuple[int, bytearray]] = field(default_factory=list)   # (file offset, bytes)
+    _starts: list[int] = field(default_factory=list)
+
+    def patch(self, off: int, data: bytes) -> None:
+        i = bisect.bisect_right(self._starts, off) - 1
+        start, buf = self.host[i]
+        if off + len(data) > start + len(buf):
+            raise S4Error("internal error: a zip field to patch straddles a storage")
+        buf[off - start: off - start + len(data)] = data
+
+    def read(self, off: int, n: int) -> bytes:
+        i = bisect.bisect_right(self._starts, off) - 1
+        start, buf = self.host[i]
+        return bytes(buf[off - start: off - start + n])
+
+    def pieces(self):
+        """(file offset, ("host", bytes) | ("storage", index)) in file order."""
+        out = [(o, ("host", b)) for o, b in self.host]
+        out += [(r.data, ("storage", i)) for i, r in enumerate(self.storage_records)
+                if r.size]
+        return sorted(out, key=lambda x: x[0])
+
+
+def _install_hook() -> None:
+    """Record, per thread, the storages ``torch.save`` meets, in the order it numbers
+    them (first appearance: torch keys storages by their first ``location_tag``)."""
+    import torch.serialization as ts
+    with _hook_lock:
+        if getattr(ts.location_tag, "_s4fs_hook", False):
+            return
+        orig = ts.location_tag
+
+        def location_tag(storage):
+            seen = getattr(_tls, "storages", None)
+            if seen is not None:
+                seen.setdefault(storage._cdata, storage)
+            return orig(storage)
+        location_tag._s4fs_hook = True
+        ts.location_tag = location_tag
+
+
+def layout(obj, name: str, **save_kwargs) -> Layout:
+    """torch's layout of ``torch.save(obj, <dir>/name)``: a sparse scratch file written
+    by torch with ``skip_data``, read back (its headers only)."""
+    import torch
+    if save_kwargs.get("_use_new_zipfile_serialization", True) is False:
+        raise Unsupported("the legacy (non-zip) torch format")
+    if not hasattr(torch.serialization, "skip_data"):
+        raise Unsupported("this torch has no serialization.skip_data")
+    _install_hook()
+    tmp = tempfile.mkdtemp(prefix="s4fs-layout-")
+    path = os.path.join(tmp, name)
+    _tls.storages = {}
+    try:
+        with torch.serialization.skip_data():
+            torch.save(obj, path, **save_kwargs)
+        storages = list(_tls.storages.values())
+        return _read_layout(path, storages)
+    finally:
+        _tls.storages = None
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read_layout(path: str, storages: list) -> Layout:
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            start_dir = z.start_dir
+        records: list[Record] = []
+        cd = start_dir
+        for info in infos:
+            head = os.pread(fd, 30, info.header_offset)
+            nlen, elen = struct.unpack_from("<HH", head, 26)
+            data = info.header_offset + 30 + nlen + elen
+            ent = os.pread(fd, 46, cd)
+            if ent[:4] != _CD_SIG:
+                raise Unsupported("an unexpected zip central directory")
+            n2, e2, c2 = struct.unpack_from("<HHH", ent, 28)
+            desc = None
+            if info.file_size:
+                desc = data + info.file_size
+                if os.pread(fd, 4, desc) != _DESC_SIG:
+                    raise Unsupported("a zip record without a data descriptor")
+            rel = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
+            records.append(Record(rel, info.header_offset, data, info.file_size, info.CRC, cd,
+                                  desc))
+            cd += 46 + n2 + e2 + c2
+        by_name = {r.name: r for r in records}
+        srecs = []
+        for key, st in enumerate(storages):
+            r = by_name.get(f"data/{key}")
+            if r is None or r.size != st.nbytes():
+                raise Unsupported("torch's storage records do not match the storages seen")
+        if sum(1 for r in records if r.name.startswith("data/")) != len(storages):
+            raise Unsupported("torch wrote storage records s4fs did not see")
+        srecs = [by_name[f"data/{k}"] for k in range(len(storages))]
+        holes = sorted((r.data, r.data + r.size) for r in srecs if r.size)
+        host, pos = [], 0
+        for lo, hi in holes + [(size, size)]:
+            if lo > pos:
+                host.append((pos, bytearray(os.pread(fd, lo - pos, pos))))
+            pos = max(pos, hi)
+        lay = Layout(size, records, storages, srecs, host, [o for o, _ in host])
+        return lay
+    finally:
+        os.close(fd)
+
+
+def finish_layout(lay: Layout, crcs: list[int]) -> None:
+    """Write the storages' CRC-32s into the zip fields and the serialization id."""
+    for r, c in zip(lay.storage_records, crcs):
+        r.crc = c
+        if r.descriptor is not None:
+            lay.patch(r.descriptor + 4, struct.pack("<I", c))
+            lay.patch(r.central + 16, struct.pack("<I", c))
+    sid = next((r for r in lay.records if r.name == ".data/serialization_id"), None)
+    if sid is None:
+        return
+    old = lay.read(sid.data, sid.size)
+    if len(old) != 40 or not old.isdigit():
+        raise Unsupported("an unknown serialization id form")
+    seed = 0
+    for r in sorted(lay.records, key=lambda r: r.header):
+        if r is sid or not r.size:
+            continue
+        seed ^= (r.crc + 0x9E3779B9 + ((seed << 6) & _M64) + (seed >> 2)) & _M64
+        seed &= _M64
+    new = old[:20] + b"%020d" % seed
+    lay.patch(sid.data, new)
+    sid.crc = zlib.crc32(new)
+    lay.patch(sid.descriptor + 4, struct.pack("<I", sid.crc))
+    lay.patch(sid.central + 16, struct.pack("<I", sid.crc))
+
+
+def storage_bytes(st) -> memoryview:
+    """A memoryview of a CPU storage's bytes (no copy)."""
+    import torch
+    n = st.nbytes()
+    if n == 0:
+        return memoryview(b"")
+    t = torch.empty(0, dtype=torch.uint8).set_(st, 0, (n,))
+    return memoryview(t.numpy()).cast("B")
+
+
+def cpu_crc32(mv) -> int:
+    return zlib.crc32(mv)
+
+
+# --------------------------------------------------------------------------- saving
+
+def _archive_name(path: str) -> str:
+    return os.path.basename(os.fspath(path).rstrip("/")) or "archive"
+
+
+def save(obj, path, *, profile=None, **save_kwargs) -> None:
+    """``torch.save(obj, path)`` into the store that holds ``path``."""
+    _Save(obj, path, save_kwargs, profile=profile).run()
+
+
+class _Save:
+    """One save: the layout taken at construction (a snapshot of the pickle), the
+    storages coded and the file committed by :meth:`run`."""
+
+    def __init__(self, obj, path, save_kwargs: dict, *, snapshot: bool = False,
+                 profile=None) -> None:
+        from s4fs.api import resolve
+        self.path = path
+        self.fs, self.rel = resolve(path, create=True)
+        if not self.rel:
+            raise InvalidArgument(f"{path} names a store, not a file in it")
+        self.lay = layout(obj, _archive_name(path), **save_kwargs)
+        self.profile = profile
+        self.on_cuda = any(st.device.type == "cuda" for st in self.lay.storages)
+        self.snap: list = []          # snapshot copies (async): keep them alive
+        if snapshot:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        import torch
+        copies = []
+        streams = set()
+        for st in self.lay.storages:
+            n = st.nbytes()
+            if st.device.type == "cuda":
+                t = torch.empty(n, dtype=torch.uint8, device=st.device)
+                t.untyped_storage().copy_(st)
+                streams.add(st.device)
+            elif st.device.type == "cpu":
+                t = torch.empty(n, dtype=torch.uint8)
+                t.untyped_storage().copy_(st)
+            else:
+                raise Unsupported(f"storages on {st.device}")
+            copies.append(t.untyped_storage())
+        for dev in streams:
+            torch.cuda.current_stream(dev).synchronize()
+        self.snap = copies
+        self.lay.storages = copies
+
+    # -- the two paths ---------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.on_cuda:
+            m = _DeviceSave(self).manifest()
+        else:
+            m = self._ingest()
+        self.fs.commit(self.rel, m)
+        self.snap = []
+
+    def _previous(self):
+        return self.fs._manifest_or_none(self.rel)
+
+    def _ingest(self):
+        """CPU storages: the exact file bytes through the ingest pipeline."""
+        lay = self.lay
+        views = [storage_bytes(st) for st in lay.storages]
+        with cf.ThreadPoolExecutor(min(8, max(1, len(views)))) as ex:
+            crcs = list(ex.map(cpu_crc32, views))
+        finish_layout(lay, crcs)
+        s = self.fs.new_session(self.rel, self._previous())
+        try:
+            for _, (kind, what) in lay.pieces():
+                if kind == "host":
+                    s.write(bytes(what), stable=True)
+                else:
+                    s.write(views[what], stable=True)
+            return s.finish()
+        except BaseException:
+            s.abort()
+            raise
+
+
+class _DeviceSave:
+    """The manifest of a save whose storages live (partly) on a CUDA device."""
+
+    def __init__(self, job: _Save) -> None:
+        self.job = job
+        self.fs = job.fs
+        self.cfg = job.fs.cfg.ingest
+
+    def manifest(self):
+        import torch
+        from s4fs.codec import gpu
+        from s4fs.codec.gpu import _backend, _wholefile as W
+        from s4fs.ingest import PackWriter
+        from s4fs.manifest import Manifest
+        gpu.require()
+        lay = self.job.lay
+        devs = {st.device for st in lay.storages if st.device.type == "cuda"}
+        if len(devs) != 1:
+            raise Unsupported("storages on more than one CUDA device")
+        dev = devs.pop()
+        b = _backend.cuda_backend(dev.index if dev.index is not None else torch.cuda.current_device())
+        keep: list = []
+        cuda_idx = [i for i, st in enumerate(lay.storages) if st.device.type == "cuda"]
+        host_views = {i: storage_bytes(st) for i, st in enumerate(lay.storages)
+                      if st.device.type == "cpu"}
+        # order our stream after the work torch queued on the tensors
+        torch.cuda.current_stream(dev).synchronize()
+
+        # 1. CRC-32 of every storage (device ones on the device)
+        crcs = [0] * len(lay.storages)
+        if cuda_idx:
+            d = W.crc32_records(b, [lay.storages[i].data_ptr() for i in cuda_idx],
+                                [lay.storages[i].nbytes() for i in cuda_idx], keep)
+            import numpy as np
+            regs = np.empty(len(cuda_idx), dtype=np.uint32)
+            b.download(d, 0, regs.view(np.uint8))
+            b.synchronize()
+            for i, r in zip(cuda_idx, regs.tolist()):
+                crcs[i] = W.finish_crc(int(r), lay.storages[i].nbytes())
+        for i, mv in host_views.items():
+            crcs[i] = zlib.crc32(mv)
+        finish_layout(lay, crcs)
+
+        # 2. the whole file's XXH3-128, on the device
+        digest = self._file_hash(b, host_views, keep)
+
+        # 3. streams: raw (every host byte) + one per storage record
+        from s4fs.manifest import ChunkRef, Stream
+        from s4fs.parse._pickle_scan import scan_pickle
+        pkl = next(r for r in lay.records if r.name == "data.pkl")
+        scan = scan_pickle(lay.read(pkl.data, pkl.size))
+        packs = PackWriter(self.fs.store, self.cfg,
+                           self.fs.pack_cache.put if self.fs.pack_cache is not None else None)
+        raw = Stream("raw")
+        streams = [raw]
+        extents: list[tuple[int, int, int, int]] = []
+        raw_len = 0
+        tensor_jobs = []          # (stream, storage index)
+        for off, (kind, what) in lay.pieces():
+            if kind == "host":
+                extents.append((off, len(what), 0, raw_len))
+                raw_len += len(what)
+            else:
+                r = lay.storage_records[what]
+                info = scan.storages.get(str(what))
+                dtype = info.dtype if info is not None else "bytes"
+                from s4fs.parse._pickle_scan import itemsize
+                if r.size % itemsize(dtype):
+                    dtype = "bytes"
+                s = Stream("tensor", dtype, f"data/{what}")
+                streams.append(s)
+                extents.append((off, r.size, len(streams) - 1, 0))
+                tensor_jobs.append((s, what))
+        try:
+            self._code_tensors(b, tensor_jobs, host_views, packs)
+            rawbytes = b"".join(bytes(buf) for _, buf in lay.host)
+            self._code_raw(raw, rawbytes, packs)
+            packs.finish()
+        except BaseException:
+            packs.abandon()
+            raise
+        finally:
+            keep.clear()
+            _release_pool()
+        names = {f"data/{k}": v for k, v in scan.names.items()}
+        return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
+                        kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
+                        extents=extents, names=names, own_packs=list(packs.keys), base=None)
+
+    def _file_hash(self, b, host_views: dict, keep: list) -> str:
+        lay = self.job.lay
+        pieces = []                       # (offset, length, host bytes | device pointer)
+        for off, (kind, what) in lay.pieces():
+            if kind == "host":
+                pieces.append((off, len(what), what))
+            elif what in host_views:
+                pieces.append((off, lay.storage_records[what].size, host_views[what]))
+            else:
+                pieces.append((off, lay.storage_records[what].size,
+                               int(lay.storages[what].data_ptr())))
+        return device_file_hash(b, pieces, lay.size, keep)
+
+    def _code_tensors(self, b, jobs, host_views: dict, packs) -> None:
+        import torch
+        from s4fs.codec import gpu
+        from s4fs.codec import _container
+        from s4fs.manifest import ChunkRef
+        from s4fs import codec as cpu_codec
+        lay = self.job.lay
+        step = self.cfg.chunk_size
+        batch, batch_bytes = [], 0
+
+        def flush():
+            nonlocal batch, batch_bytes
+            if not batch:
+                return
+            blobs = gpu.compress_many([(t, dt) for _, t, dt, _ in batch],
+                                      profile=self.job.profile, out="host")
+            for (stream, t, dt, n), blob in zip(batch, blobs):
+                head = _container.unpack(blob)
+                pack, off = packs.add(bytes(blob))
+                stream.chunks.append(ChunkRef(pack, off, len(blob), n, head.checksum))
+            batch, batch_bytes = [], 0
+
+        for stream, i in jobs:
+            st = lay.storages[i]
+            n = st.nbytes()
+            if i in host_views:
+                flush()
+                mv = host_views[i]
+                for o in range(0, n, step):
+                    piece = mv[o: o + step]
+                    blob = cpu_codec.compress(piece, stream.dtype, device="cpu")
+                    pack, off = packs.add(blob)
+                    stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
+                                                  cpu_codec.checksum(piece)))
+                continue
+            whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (n,))
+            for o in range(0, n, step):
+                k = min(step, n - o)
+                batch.append((stream, whole[o: o + k], stream.dtype, k))
+                batch_bytes += k
+                if batch_bytes >= GPU_BATCH_BYTES:
+                    flush()
+        flush()
+
+    def _code_raw(self, raw, data: bytes, packs) -> None:
+        from s4fs import codec as cpu_codec
+        from s4fs.manifest import ChunkRef
+        step = self.cfg.chunk_size
+        for o in range(0, len(data), step):
+            piece = data[o: o + step]
+            blob = cpu_codec.compress(piece, "bytes", device="cpu")
+            pack, off = packs.add(blob)
+            raw.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
+                                       cpu_codec.checksum(piece)))
+
+
+def device_file_hash(b, pieces: list, size: int, keep: list) -> str:
+    """XXH3-128 of a file given as ``pieces`` (offset, length, host bytes or a device
+    pointer) tiling it in order. The stripes (64 bytes) wholly inside a device storage are
+    read where they lie; every other stripe is copied into one patch buffer: host
+    bytes uploaded, the device bytes of stripes that straddle a storage's ends
+    gathered into it on the device."""
+    import numpy as np
+    from s4fs.codec.gpu import _wholefile as W
+    from s4fs.codec.gpu._common import Segments
+    starts = [p[0] for p in pieces]
+    patch = bytearray()
+    gathers: list[tuple[int, int, int]] = []    # (device source, patch offset, length)
+
+    def fill(lo: int, hi: int) -> None:          # file bytes [lo, hi) onto the patch
+        i = bisect.bisect_right(starts, lo) - 1
+        while lo < hi:
+            off, n, src = pieces[i]
+            k = min(hi, off + n) - lo
+            if isinstance(src, int):
+                gathers.append((src + lo - off, len(patch), k))
+                patch.extend(bytes(k))
+            else:
+                patch.extend(src[lo - off: lo - off + k])
+            lo += k
+            i += 1
+
+    runs: list[tuple[int, int, int]] = []       # (first stripe, count, ptr | ~patch offset)
+    pos = 0
+    for off, n, src in pieces:
+        if not isinstance(src, int):
+            continue
+        first, last = -(-off // 64) * 64, (off + n) // 64 * 64
+        if first >= last:
+            continue                             # no whole stripe: all of it patched
+        if first > pos:
+            runs.append((pos // 64, (first - pos) // 64, ~len(patch)))
+            fill(pos, first)
+        runs.append((first // 64, (last - first) // 64, src + first - off))
+        pos = last
+    if pos < size:
+        runs.append((pos // 64, -(-(size - pos) // 64), ~len(patch)))
+        fill(pos, size)
+        patch.extend(bytes(-len(patch) % 64))
+    d_patch = b.empty(max(len(patch), 64))
+    h_patch = np.frombuffer(bytes(patch) or bytes(64), dtype=np.uint8)
+    b.upload(d_patch, 0, h_patch)
+    base = b.ptr(d_patch)
+    if gathers:
+        seg = Segments()
+        for src, at, k in gathers:
+            seg.add(src, base + at, k)
+        seg.launch(b, keep)
+    keep += [d_patch, h_patch]
+    runs = [(s, c, base + ~p if p < 0 else p) for s, c, p in runs]
+    end_off, end_n, end_src = pieces[-1]
+    if isinstance(end_src, int) or end_off + end_n != size or end_n < 64:
+        raise S4Error("internal error: the file does not end in 64 host bytes")
+    last64 = bytes(end_src[end_n - 64: end_n])
+    return W.xxh3_128_runs(b, runs, size, last64, keep)
+
+
+def _release_pool() -> None:
+    """Give the codec's cached device memory back (torch's allocator can then use it)."""
+    try:
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()
+    except Exception:                      # noqa: BLE001 - best effort
+        pass
+
+
+# --------------------------------------------------------------------------- async
+
+_executor: cf.ThreadPoolExecutor | None = None
+_exec_lock = threading.Lock()
+
+
+def _background() -> cf.ThreadPoolExecutor:
+    global _executor
+    with _exec_lock:
+        if _executor is None:
+            _executor = cf.ThreadPoolExecutor(1, thread_name_prefix="s4fs-async-save")
+        return _executor
+
+
+def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
+    """Snapshot ``obj`` now, store it in the background; see :func:`s4fs.async_save`."""
+    try:
+        job = _Save(obj, path, save_kwargs, snapshot=True, profile=profile)
+    except Unsupported:
+        raise
+    except BaseException as exc:         # CUDA OOM while copying, a bad path, ...
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        fut: cf.Future = cf.Future()
+        fut.set_exception(exc)
+        return fut
+    return _background().submit(job.run)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _cuda_target(map_location):
+    """The CUDA device ``map_location`` sends every storage to, or None."""
+    import torch
+    if isinstance(map_location, (str, torch.device)):
+        dev = torch.device(map_location)
+        if dev.type == "cuda":
+            return torch.device("cuda", dev.index if dev.index is not None
+                                else torch.cuda.current_device())
+    return None
+
+
+def wants_device_load(map_location) -> bool:
+    from s4fs.codec import gpu
+    try:
+        return _cuda_target(map_location) is not None and gpu.is_available()
+    except Exception:                      # noqa: BLE001 - no torch CUDA: the stream path
+        return False
+
+
+class _Records:
+    """What ``torch.serialization._load`` reads from a zip reader: small records from the
+    stored file, storages already decoded on the device."""
+
+    def __init__(self, small: dict[str, bytes], storages: dict[str, object], sid: str):
+        self._small, self._storages, self._sid = small, storages, sid
+
+    def has_record(self, name: str) -> bool:
+        return name in self._small or name in self._storages
+
+    def get_record(self, name: str) -> bytes:
+        return self._small[name]
+
+    def get_storage_from_record(self, name: str, nbytes: int, _cls):
+        t = self._storages[name]
+        if t.numel() != nbytes:
+            raise S4Error(f"record {name} holds {t.numel()} bytes, the pickle asks for {nbytes}")
+        return t
+
+    def get_all_records(self) -> list[str]:
+        return list(self._small) + list(self._storages)
+
+    def serialization_id(self) -> str:
+        return self._sid
+
+
+def load(path, map_location=None, **load_kwargs):
+    """``torch.load`` of a stored file; with ``map_location`` naming a CUDA device (and a
+    usable GPU codec) the storages are decoded on that device."""
+    import pickle
+    import torch
+    from s4fs import api
+    if "mmap" in load_kwargs or not wants_device_load(map_location):
+        with api.open(path) as f:
+            return torch.load(f, map_location=map_location, **load_kwargs)
+    dev = _cuda_target(map_location)
+    fs, rel = api.resolve(path)
+    m = fs.manifest(rel)
+    weights_only = load_kwargs.pop("weights_only", None)
+    pickle_module = load_kwargs.pop("pickle_module", None)
+    if weights_only is None:
+        weights_only = pickle_module is None
+    if weights_only:
+        if pickle_module is not None:
+            raise InvalidArgument("pass either weights_only=True or a pickle_module, not both")
+        pickle_module = torch.serialization._weights_only_unpickler
+    elif pickle_module is None:
+        pickle_module = pickle
+    load_kwargs.setdefault("encoding", "utf-8")
+    with api.open(path) as f:
+        with zipfile.ZipFile(f) as z:
+            infos = z.infolist()
+            prefix = infos[0].filename.split("/", 1)[0] + "/" if infos else ""
+            small, wanted = {}, {}
+            for info in infos:
+                rel_name = info.filename[len(prefix):]
+                if rel_name.startswith("data/") and "/" not in rel_name[5:]:
+                    wanted[rel_name] = info
+                else:
+                    small[rel_name] = z.read(info)
+            offsets = {}
+            for name, info in wanted.items():
+                f.seek(info.header_offset)
+                head = f.read(30)
+                nlen, elen = struct.unpack_from("<HH", head, 26)
+                offsets[name] = (info.header_offset + 30 + nlen + elen, info.file_size)
+    storages = _decode_storages(fs, m, offsets, dev, path)
+    sid = small.get(".data/serialization_id", b"").decode("ascii", "replace")
+    try:
+        return torch.serialization._load(_Records(small, storages, sid), map_location,
+                                         pickle_module, **load_kwargs)
+    finally:
+        _release_pool()
+
+
+def _decode_storages(fs, m, offsets: dict, dev, path) -> dict:
+    """Every storage record's bytes as a uint8 CUDA tensor on ``dev``: tensor streams
+    decoded on the device (delta chains level by level), anything else read on the host
+    and copied up."""
+    import torch
+    from s4fs.codec import gpu
+    by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
+    out: dict[str, object] = {}
+    plans = []                                  # (record name, stream)
+    for name, (off, n) in offsets.items():
+        hit = by_name.get(name)
+        if hit is not None and _stream_at(m, hit[0], off, n):
+            plans.append((name, hit[1]))
+        else:
+            from s4fs import api
+            with api.open(path) as f:
+                f.seek(off)
+                data = f.read(n)
+            t = torch.empty(n, dtype=torch.uint8, device=dev)
+            if n:
+                t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            out[name] = t
+    refs = {}
+    for _, s in plans:
+        for c in s.chunks:
+            r = c
+            while r is not None:
+                refs.setdefault(r.key(), r)
+                r = r.base
+    blobs = _fetch(fs, list(refs.values()))
+    decoded: dict = {}
+    depths = sorted({r.depth for r in refs.values()})
+    with torch.cuda.device(dev):
+        for d in depths:
+            level = [r for r in refs.values() if r.depth == d]
+            for group in _batches(level):
+                outs = gpu.decompress_many([blobs[r.key()] for r in group],
+                                           [decoded[r.base.key()] if r.base is not None
+                                            else None for r in group], out="device")
+                for r, o in zip(group, outs):
+                    decoded[r.key()] = o
+        for name, s in plans:
+            n = s.length
+            t = torch.empty(n, dtype=torch.uint8, device=dev)
+            at = 0
+            for c in s.chunks:
+                if c.raw:
+                    t[at: at + c.raw].copy_(torch.as_tensor(decoded[c.key()], device=dev))
+                at += c.raw
+            out[name] = t
+        torch.cuda.current_stream(dev).synchronize()
+    return out
+
+
+def _stream_at(m, sidx: int, off: int, n: int) -> bool:
+    """Whether file bytes [off, off+n) are exactly stream ``sidx`` from its start."""
+    for e_off, e_len, s, s_off in m.extents:
+        if s == sidx:
+            return e_off == off and e_len == n and s_off == 0
+    return n == 0
+
+
+def _batches(refs: list, limit: int = GPU_BATCH_BYTES):
+    group, size = [], 0
+    for r in refs:
+        if group and size + r.raw > limit:
+            yield group
+            group, size = [], 0
+        group.append(r)
+        size += r.raw
+    if group:
+        yield group
+
+
+def _fetch(fs, refs: list) -> dict:
+    """Every blob of ``refs`` from the store, a few ranged reads at a time."""
+    with cf.ThreadPoolExecutor(16, thread_name_prefix="s4fs-load") as ex:
+        got = list(ex.map(fs.source.fetch_blob, refs))
+    return {r.key(): g for r, g in zip(refs, got)}

@@ -1,0 +1,173 @@
+"""s4fs.save / async_save / load of CUDA tensors: coded on the device, exact torch files.
+
+Needs a CUDA GPU with cupy and nvidia-nvcomp (marker ``gpu``); skipped elsewhere. The
+same API with CPU tensors is tested in CI by tests/test_torchsave.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from s4fs.codec import gpu  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (torch.cuda.is_available() and gpu.is_available()),
+                                 reason=f"no GPU codec here ({gpu.unavailable_reason()})")]
+
+GPU_CODECS = {16, 17, 18}
+
+
+def _adversarial(dtype, n=4096, device="cuda"):
+    """Every bit pattern class: random bits, the dtype's specials, zeros, +-0, NaN payloads."""
+    g = torch.Generator().manual_seed(hash(str(dtype)) & 0xFFFF)
+    isz = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * isz,), dtype=torch.uint8, generator=g)
+    raw[: 64 * isz] = 0xFF
+    raw[64 * isz: 128 * isz] = 0
+    t = raw.view(dtype)
+    return t.to(device)
+
+
+def _state(device="cuda"):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                                torch.nn.Linear(512, 256)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randn(8, 256, device=device)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    big = torch.randn(1 << 20, device=device).to(torch.bfloat16)
+    shared = torch.arange(1000.0, device=device)
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "step": 2,
+            "bf16": big, "view_a": shared[10:20], "view_b": shared[500:],
+            "strided": torch.randn(64, 32, device=device).t(), "empty": torch.zeros(0, device=device),
+            "cpu_part": torch.arange(77, dtype=torch.int64),
+            "adv": {str(dt): _adversarial(dt, device=device) for dt in
+                    (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
+                     torch.int8, torch.uint8, torch.int64, torch.int16,
+                     torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64)}}
+
+
+def _store(tmp_path):
+    from s4fs.stores import LocalStore  # noqa: F401
+    d = tmp_path / "store"
+    d.mkdir()
+    return d
+
+
+def _gpu_coded(path) -> bool:
+    import s4fs
+    from s4fs.codec import _container
+    fs, rel = s4fs.resolve(path)
+    m = fs.manifest(rel)
+    for s in m.streams:
+        if s.kind == "tensor" and s.chunks:
+            blob = fs.source.fetch_blob(s.chunks[0])
+            if any(p.codec_id in GPU_CODECS for p in _container.unpack(blob).planes):
+                return True
+    return False
+
+
+def test_save_of_cuda_state_is_the_torch_file_and_gpu_coded(tmp_path):
+    import s4fs
+    sd = _state()
+    store = _store(tmp_path)
+    s4fs.save(sd, str(store / "ckpt_5.pt"))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    torch.save(sd, str(ref / "ckpt_5.pt"))
+    want = (ref / "ckpt_5.pt").read_bytes()
+    assert s4fs.read_bytes(str(store / "ckpt_5.pt")) == want
+    assert _gpu_coded(str(store / "ckpt_5.pt"))
+    fs, rel = s4fs.resolve(str(store / "ckpt_5.pt"))
+    m = fs.manifest(rel)
+    assert m.stored_bytes() < m.size
+    # a plain torch.load of the stored bytes, and s4fs.load to the GPU, agree
+    back = s4fs.load(str(store / "ckpt_5.pt"), map_location="cuda")
+    assert back["bf16"].is_cuda and back["bf16"].device == torch.device("cuda", torch.cuda.current_device())
+    for k in ("bf16", "view_a", "view_b", "strided", "empty"):
+        assert torch.equal(back[k].view(torch.uint8) if back[k].numel() else back[k],
+                           sd[k].view(torch.uint8) if sd[k].numel() else sd[k])
+    assert back["view_a"].untyped_storage().data_ptr() == back["view_b"].untyped_storage().data_ptr()
+    for name, t in sd["adv"].items():
+        a = back["adv"][name]
+        assert a.dtype == t.dtype and torch.equal(a.view(torch.uint8), t.view(torch.uint8)), name
+    for k, v in sd["model"].items():
+        assert torch.equal(back["model"][k], v)
+    assert back["cpu_part"].is_cuda                    # map_location moves every storage
+    assert torch.equal(back["cpu_part"].cpu(), sd["cpu_part"])
+
+
+def test_load_to_cuda_of_a_cpu_saved_delta_chain(tmp_path):
+    import s4fs
+    store = _store(tmp_path)
+    torch.manual_seed(1)
+    w = torch.randn(1 << 20)
+    for step in range(3):
+        w[: 1000] += 1e-3
+        s4fs.save({"w": w.clone(), "step": step}, str(store / f"ckpt_{step}.pt"))
+    fs, rel = s4fs.resolve(str(store / "ckpt_2.pt"))
+    assert any(c.base is not None for s in fs.manifest(rel).streams for c in s.chunks)
+    back = s4fs.load(str(store / "ckpt_2.pt"), map_location="cuda:0")
+    assert back["w"].is_cuda and torch.equal(back["w"].cpu(), w)
+
+
+def test_async_save_snapshots_cuda_state_then_training_may_change_it(tmp_path):
+    import s4fs
+    store = _store(tmp_path)
+    sd = _state()
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    torch.save(sd, str(ref / "a.pt"))
+    fut = s4fs.async_save(sd, str(store / "a.pt"))
+    with torch.no_grad():                       # training moves on at once
+        sd["bf16"].add_(1)
+        for v in sd["model"].values():
+            v.mul_(-1)
+    assert fut.result(timeout=300) is None
+    assert s4fs.read_bytes(str(store / "a.pt")) == (ref / "a.pt").read_bytes()
+
+
+def test_async_save_cuda_oom_in_the_snapshot_is_in_the_future_and_commits_nothing(tmp_path):
+    import s4fs
+    store = _store(tmp_path)
+    sd = {"w": torch.randn(64 << 20, device="cuda")}        # 256 MiB
+    free, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(free - (128 << 20), dtype=torch.uint8, device="cuda")
+    try:
+        fut = s4fs.async_save(sd, str(store / "oom.pt"))
+        with pytest.raises(torch.OutOfMemoryError):
+            fut.result(timeout=60)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+    assert not os.path.exists(store / "oom.pt")
+    fs, _ = s4fs.resolve(str(store / "x.pt"), create=True)
+    assert not fs.exists("oom.pt")
+
+
+def test_async_save_device_oom_while_coding_is_in_the_future_and_commits_nothing(tmp_path):
+    import cupy
+    import s4fs
+    store = _store(tmp_path)
+    sd = {"w": torch.randn(16 << 20, device="cuda")}
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    pool.set_limit(size=1 << 20)
+    try:
+        fut = s4fs.async_save(sd, str(store / "oom2.pt"))
+        with pytest.raises(Exception) as info:
+            fut.result(timeout=120)
+        assert "memory" in str(info.value).lower() or "OutOfMemory" in type(info.value).__name__
+    finally:
+        pool.set_limit(size=0)
+    fs, _ = s4fs.resolve(str(store / "x.pt"), create=True)
+    assert not fs.exists("oom2.pt")
+    # and the next save works
+    s4fs.save(sd, str(store / "ok.pt"))
+    assert torch.equal(s4fs.load(str(store / "ok.pt"), map_location="cuda")["w"], sd["w"])
