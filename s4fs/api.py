@@ -30,6 +30,10 @@ def filesystem(store_url: str, cfg: FsConfig | None = None) -> Filesystem:
     caller's memory, so it keeps no decoded-file cache on disk (a mount does)."""
     with _lock:
         fs = _open.get(store_url)
+        if fs is not None and "://" not in store_url and not LocalStore(store_url).exists(
+                keys.ROOT_MARKER):
+            fs.close()                     # the folder was deleted (and maybe made again)
+            fs = None
         if fs is None:
             fs = _open[store_url] = Filesystem(
                 open_store(store_url), cfg or FsConfig(decoded_cache_bytes=0))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
+import io
 import logging
 import os
 import shutil
@@ -52,6 +53,22 @@ _DESC_SIG = b"PK\x07\x08"
 _CD_SIG = b"PK\x01\x02"
 _M64 = (1 << 64) - 1
 GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
+
+
+last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
+
+
+class _Stages:
+    """Wall time of each stage of the last save / load (benchmarks print it)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.t, self.out = what, time.perf_counter(), {}
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.out[stage] = self.out.get(stage, 0.0) + now - self.t
+        self.t = now
+        last_stages[self.what] = dict(self.out)
 
 
 class Unsupported(S4Error):
@@ -248,15 +265,18 @@ class _Save:
                  profile=None) -> None:
         from s4fs.api import resolve
         self.path = path
+        self.stages = _Stages("save")
         self.fs, self.rel = resolve(path, create=True)
         if not self.rel:
             raise InvalidArgument(f"{path} names a store, not a file in it")
         self.lay = layout(obj, _archive_name(path), **save_kwargs)
+        self.stages.mark("layout (torch, skip_data)")
         self.profile = profile
         self.on_cuda = any(st.device.type == "cuda" for st in self.lay.storages)
         self.snap: list = []          # snapshot copies (async): keep them alive
         if snapshot:
             self._snapshot()
+            self.stages.mark("snapshot")
 
     def _snapshot(self) -> None:
         import torch
@@ -286,7 +306,9 @@ class _Save:
             m = _DeviceSave(self).manifest()
         else:
             m = self._ingest()
+        self.stages.mark("code + store")
         self.fs.commit(self.rel, m)
+        self.stages.mark("commit")
         self.snap = []
 
     def _previous(self):
@@ -354,9 +376,12 @@ class _DeviceSave:
         for i, mv in host_views.items():
             crcs[i] = zlib.crc32(mv)
         finish_layout(lay, crcs)
+        st = self.job.stages
+        st.mark("CRC-32 (device)")
 
         # 2. the whole file's XXH3-128, on the device
         digest = self._file_hash(b, host_views, keep)
+        st.mark("XXH3-128 (device)")
 
         # 3. streams: raw (every host byte) + one per storage record
         from s4fs.manifest import ChunkRef, Stream
@@ -389,7 +414,9 @@ class _DeviceSave:
             self._code_tensors(b, tensor_jobs, host_views, packs)
             rawbytes = b"".join(bytes(buf) for _, buf in lay.host)
             self._code_raw(raw, rawbytes, packs)
+            st.mark("code (GPU) + pack")
             packs.finish()
+            st.mark("store (pack uploads)")
         except BaseException:
             packs.abandon()
             raise
@@ -432,7 +459,7 @@ class _DeviceSave:
                                       profile=self.job.profile, out="host")
             for (stream, t, dt, n), blob in zip(batch, blobs):
                 head = _container.unpack(blob)
-                pack, off = packs.add(bytes(blob))
+                pack, off = packs.add(blob)        # a view of pinned memory, joined once
                 stream.chunks.append(ChunkRef(pack, off, len(blob), n, head.checksum))
             batch, batch_bytes = [], 0
 
@@ -590,6 +617,53 @@ def wants_device_load(map_location) -> bool:
         return False
 
 
+class _RawOnly(io.RawIOBase):
+    """A file object over a stored torch file that reads only its raw stream (zip
+    headers, pickle, small records): bytes of tensor streams read as zeros, so reading
+    the zip's metadata never decodes a tensor chunk."""
+
+    def __init__(self, fs, rel: str, m) -> None:
+        super().__init__()
+        self._r = fs.open_read(rel)
+        self._m = m
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if self._r is not None:
+            self._r.release()
+            self._r = None
+        super().close()
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._m.size}[whence] + offset
+        return self._pos
+
+    def readinto(self, buf) -> int:
+        mv = memoryview(buf).cast("B")
+        n = max(0, min(len(mv), self._m.size - self._pos))
+        lo, hi = self._pos, self._pos + n
+        for off, length, s, _ in self._m.extents:
+            a, b = max(lo, off), min(hi, off + length)
+            if a >= b:
+                continue
+            if s == 0:
+                got = self._r.read(a, b - a)
+                mv[a - lo: a - lo + len(got)] = got
+            else:
+                mv[a - lo: b - lo] = bytes(b - a)
+        self._pos = hi
+        return n
+
+
 class _Records:
     """What ``torch.serialization._load`` reads from a zip reader: small records from the
     stored file, storages already decoded on the device."""
@@ -626,6 +700,7 @@ def load(path, map_location=None, **load_kwargs):
         with api.open(path) as f:
             return torch.load(f, map_location=map_location, **load_kwargs)
     dev = _cuda_target(map_location)
+    stages = _Stages("load")
     fs, rel = api.resolve(path)
     m = fs.manifest(rel)
     weights_only = load_kwargs.pop("weights_only", None)
@@ -639,33 +714,41 @@ def load(path, map_location=None, **load_kwargs):
     elif pickle_module is None:
         pickle_module = pickle
     load_kwargs.setdefault("encoding", "utf-8")
-    with api.open(path) as f:
+    with io.BufferedReader(_RawOnly(fs, rel, m), 1 << 16) as f:
         with zipfile.ZipFile(f) as z:
             infos = z.infolist()
             prefix = infos[0].filename.split("/", 1)[0] + "/" if infos else ""
-            small, wanted = {}, {}
+            small, sizes = {}, {}
             for info in infos:
                 rel_name = info.filename[len(prefix):]
                 if rel_name.startswith("data/") and "/" not in rel_name[5:]:
-                    wanted[rel_name] = info
+                    sizes[rel_name] = info
                 else:
                     small[rel_name] = z.read(info)
-            offsets = {}
-            for name, info in wanted.items():
-                f.seek(info.header_offset)
-                head = f.read(30)
-                nlen, elen = struct.unpack_from("<HH", head, 26)
-                offsets[name] = (info.header_offset + 30 + nlen + elen, info.file_size)
-    storages = _decode_storages(fs, m, offsets, dev, path)
+    offsets = {}
+    starts = {m.streams[s].name: off for off, _, s, s_off in m.extents
+              if s_off == 0 and m.streams[s].kind == "tensor"}
+    for name, info in sizes.items():
+        off = starts.get(name)
+        if off is None:                   # not a tensor stream: its header, read for real
+            with api.open(path) as g:
+                g.seek(info.header_offset)
+                nlen, elen = struct.unpack_from("<HH", g.read(30), 26)
+            off = info.header_offset + 30 + nlen + elen
+        offsets[name] = (off, info.file_size)
+    stages.mark("manifest + zip records")
+    storages = _decode_storages(fs, m, offsets, dev, path, stages)
     sid = small.get(".data/serialization_id", b"").decode("ascii", "replace")
     try:
-        return torch.serialization._load(_Records(small, storages, sid), map_location,
-                                         pickle_module, **load_kwargs)
+        out = torch.serialization._load(_Records(small, storages, sid), map_location,
+                                        pickle_module, **load_kwargs)
+        stages.mark("unpickle")
+        return out
     finally:
         _release_pool()
 
 
-def _decode_storages(fs, m, offsets: dict, dev, path) -> dict:
+def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
     """Every storage record's bytes as a uint8 CUDA tensor on ``dev``: tensor streams
     decoded on the device (delta chains level by level), anything else read on the host
     and copied up."""
@@ -695,6 +778,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path) -> dict:
                 refs.setdefault(r.key(), r)
                 r = r.base
     blobs = _fetch(fs, list(refs.values()))
+    stages.mark("fetch blobs")
     decoded: dict = {}
     depths = sorted({r.depth for r in refs.values()})
     with torch.cuda.device(dev):
@@ -706,6 +790,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path) -> dict:
                                             else None for r in group], out="device")
                 for r, o in zip(group, outs):
                     decoded[r.key()] = o
+        stages.mark("decode (GPU)")
         for name, s in plans:
             n = s.length
             t = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -716,6 +801,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path) -> dict:
                 at += c.raw
             out[name] = t
         torch.cuda.current_stream(dev).synchronize()
+        stages.mark("storages")
     return out
 
 

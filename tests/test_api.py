@@ -21,11 +21,13 @@ from s4fs.errors import ChecksumError, InvalidArgument
 
 
 def torch_bytes(obj, name="ckpt", **kw) -> bytes:
-    """What torch.save writes to a file object (records named ``archive/...``), which is
-    what s4fs.save stores (it hands torch a stream)."""
-    buf = io.BytesIO()
-    torch.save(obj, buf, **kw)
-    return buf.getvalue()
+    """What torch.save writes to a local file ``<name>.pt`` (records named
+    ``<name>/...``), which is what s4fs.save stores at ``.../<name>.pt``."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(obj, os.path.join(d, f"{name}.pt"), **kw)
+        with open(os.path.join(d, f"{name}.pt"), "rb") as f:
+            return f.read()
 
 
 def sha(b) -> str:

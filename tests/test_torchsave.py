@@ -178,3 +178,26 @@ def test_device_whole_file_hash_and_crcs_match_the_torch_file(tmp_path, misalign
     want = _ref(tmp_path, sd, "h.pt")
     assert torchsave.device_file_hash(b, pieces, lay.size, keep) == xxhash.xxh3_128(want).hexdigest()
     assert W.crc32_of_zeros(123457) == zlib.crc32(bytes(123457))
+
+
+def test_zip_metadata_is_read_from_the_raw_stream_only(tmp_path):
+    """What s4fs.load(map_location='cuda') reads before decoding on the device: the zip's
+    directory and small records, never a tensor chunk (tensor bytes read as zeros)."""
+    import io
+    import zipfile
+    store = tmp_path / "store"
+    store.mkdir()
+    sd = _state()
+    s4fs.save(sd, str(store / "z.pt"))
+    fs, rel = s4fs.resolve(str(store / "z.pt"))
+    m = fs.manifest(rel)
+    want = _ref(tmp_path, sd, "z.pt")
+    fs.source._lru.clear()
+    with io.BufferedReader(torchsave._RawOnly(fs, rel, m), 1 << 16) as f:
+        with zipfile.ZipFile(f) as z:
+            pkl = z.read("z/data.pkl")
+            names = z.namelist()
+    with zipfile.ZipFile(io.BytesIO(want)) as z:
+        assert pkl == z.read("z/data.pkl") and names == z.namelist()
+    tensor_keys = {c.key() for s in m.streams if s.kind == "tensor" for c in s.chunks}
+    assert not tensor_keys & set(fs.source._lru)      # no tensor chunk was decoded

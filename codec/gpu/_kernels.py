@@ -607,6 +607,7 @@ extern "C" __global__ void xxh3_chain(const u64* sums, u64 nfull, u64* accs) {
     if (lane >= 8) return;
     u64 acc = XINIT[lane];
     u64 key = XKEY[16 + lane];
+#pragma unroll 16
     for (u64 b = 0; b < nfull; ++b) {
         acc += sums[8 * b + lane];
         acc ^= acc >> 47;

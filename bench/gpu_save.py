@@ -1,0 +1,185 @@
+"""Saving and loading GPU-resident training state: torch.save to local disk, DCP async_save,
+s4fs.save, s4fs.async_save (blocked time and total), and the loads back onto the GPU.
+
+The state is a byte-level GPT trained on the GPU here (real text: the repository's docs),
+saved as mixed-precision trainers keep it on the device: bf16 weights + fp32 AdamW
+moments, about ``--gib`` GiB. Every timing includes ``os.sync()`` where the file is
+written, so each side pays for durable bytes; loads read files just written (page cache
+warm on both sides). Medians of ``--repeat`` runs.
+
+    python bench/gpu_save.py --gib 1.7 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def trained_state(gib: float, steps: int):
+    import torch
+    import torch.nn.functional as F
+    from delta_gpu import corpus, gpt
+    width = 1024
+    layers = max(1, round(gib * (1 << 30) / 10 / (12 * width * width)))
+    torch.manual_seed(0)
+    ctx, batch = 256, 16
+    data = torch.tensor(list(corpus()), dtype=torch.long, device="cuda")
+    model = gpt(ctx=ctx, width=width, layers=layers).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for _ in range(steps):
+        ix = torch.randint(0, len(data) - ctx - 1, (batch,), generator=g).cuda()
+        x = torch.stack([data[i:i + ctx] for i in ix])
+        y = torch.stack([data[i + 1:i + ctx + 1] for i in ix])
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float().view(-1, 256), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    sd = {"model": {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()},
+          "optimizer": opt.state_dict(), "step": steps}
+    torch.cuda.synchronize()
+    return sd, float(loss)
+
+
+def nbytes(obj) -> int:
+    import torch
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=1.7)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
+    args = ap.parse_args()
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import s4fs
+    from s4fs.codec import gpu
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    sd, loss = trained_state(args.gib, args.steps)
+    size = nbytes(sd)
+    work = tempfile.mkdtemp(prefix="s4fs-gpusave-", dir=args.work)
+    local, store, dcpdir = (os.path.join(work, d) for d in ("local", "store", "dcp"))
+    for d in (local, store, dcpdir):
+        os.makedirs(d)
+    shm = None
+    if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 8 * size:
+        shm = tempfile.mkdtemp(prefix="s4fs-gpusave-", dir="/dev/shm")
+        os.makedirs(os.path.join(shm, "store"))
+    print(f"# GPU save/load: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"nvCOMP {gpu.nvcomp_version()}, {os.cpu_count()} CPU cores")
+    print(f"# state: GPT trained {args.steps} steps on the GPU (loss {loss:.3f}), bf16 weights + "
+          f"fp32 AdamW, {size / 2**30:.2f} GiB on the device; medians of {args.repeat}; "
+          f"every save timing includes os.sync()")
+    rows: dict[str, list[float]] = {}
+
+    def add(name, t):
+        rows.setdefault(name, []).append(t)
+
+    # warm-up (CUDA context, kernels compiled, first pinned allocations): not timed
+    s4fs.save(sd, os.path.join(store, "warm.pt"))
+    s4fs.load(os.path.join(store, "warm.pt"), map_location="cuda")
+    torch.save(sd, os.path.join(local, "warm.pt"))
+    for r in range(args.repeat):
+        name = f"ckpt_{r}.pt"
+        lp, sp = os.path.join(local, name), os.path.join(store, name)
+        add("torch.save (local disk)", timed(lambda: (torch.save(sd, lp), os.sync())))
+        add("s4fs.save", timed(lambda: (s4fs.save(sd, sp), os.sync())))
+        if shm:
+            add("torch.save to /dev/shm (no disk)",
+                timed(lambda: torch.save(sd, os.path.join(shm, "t.pt"))))
+            add("s4fs.save to a store in /dev/shm (no disk)",
+                timed(lambda: s4fs.save(sd, os.path.join(shm, "store", name))))
+        ap_ = os.path.join(store, f"async_{r}.pt")
+        t0 = time.perf_counter()
+        fut = s4fs.async_save(sd, ap_)
+        add("s4fs.async_save: blocked", time.perf_counter() - t0)
+        fut.result()
+        os.sync()
+        add("s4fs.async_save: total", time.perf_counter() - t0)
+        dp = os.path.join(dcpdir, f"step_{r}")
+        try:
+            t0 = time.perf_counter()
+            f2 = dcp.async_save(sd, checkpoint_id=dp)
+            add("DCP async_save (local disk): blocked", time.perf_counter() - t0)
+            f2.result()
+            os.sync()
+            add("DCP async_save (local disk): total", time.perf_counter() - t0)
+        except Exception as exc:                    # noqa: BLE001 - reported, not fatal
+            if r == 0:
+                print(f"# DCP async_save failed: {type(exc).__name__}: {exc}")
+
+        def tload():
+            out = torch.load(lp, map_location="cpu")
+            moved = _to_cuda(out)
+            torch.cuda.synchronize()
+            return moved
+        add("torch.load + .cuda() (local disk)", timed(tload))
+        add("torch.load(map_location='cuda') (local disk)",
+            timed(lambda: (torch.load(lp, map_location="cuda"), torch.cuda.synchronize())))
+        add("s4fs.load(map_location='cuda')",
+            timed(lambda: (s4fs.load(sp, map_location="cuda"), torch.cuda.synchronize())))
+    same = s4fs.read_bytes(os.path.join(store, "ckpt_0.pt")) == open(os.path.join(local, "ckpt_0.pt"), "rb").read()
+    fs, rel = s4fs.resolve(os.path.join(store, "ckpt_0.pt"))
+    m = fs.manifest(rel)
+    back = s4fs.load(os.path.join(store, "ckpt_0.pt"), map_location="cuda")
+    exact = all(torch.equal(back["model"][k].view(torch.uint8), v.view(torch.uint8))
+                for k, v in sd["model"].items())
+    ref_save = statistics.median(rows["torch.save (local disk)"])
+    ref_load = statistics.median(rows["torch.load + .cuda() (local disk)"])
+    print()
+    print("| what | median s | × torch.save+sync | × torch.load+.cuda() |")
+    print("|---|---:|---:|---:|")
+    for k, v in rows.items():
+        med = statistics.median(v)
+        print(f"| {k} | {med:.3f} | {med / ref_save:.3f} | {med / ref_load:.3f} |")
+    print()
+    from s4fs import torchsave
+    for what, st in torchsave.last_stages.items():
+        print(f"where the last s4fs.{what} went (s): " +
+              ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
+    print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
+          f"({100 * m.stored_bytes() / m.size:.1f} %); stored file == torch.save's file: {same}; "
+          f"s4fs.load to cuda bit-exact: {exact}")
+    shutil.rmtree(work, ignore_errors=True)
+    if shm:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def _to_cuda(obj):
+    import torch
+    if torch.is_tensor(obj):
+        return obj.cuda(non_blocking=False)
+    if isinstance(obj, dict):
+        return {k: _to_cuda(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cuda(v) for v in obj]
+    return obj
+
+
+if __name__ == "__main__":
+    main()
