@@ -42,7 +42,6 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 
-from s4fs import keys
 from s4fs.errors import InvalidArgument, S4Error
 
 log = logging.getLogger("s4fs.save")
@@ -384,7 +383,7 @@ class _DeviceSave:
         st.mark("XXH3-128 (device)")
 
         # 3. streams: raw (every host byte) + one per storage record
-        from s4fs.manifest import ChunkRef, Stream
+        from s4fs.manifest import Stream
         from s4fs.parse._pickle_scan import scan_pickle
         pkl = next(r for r in lay.records if r.name == "data.pkl")
         scan = scan_pickle(lay.read(pkl.data, pkl.size))

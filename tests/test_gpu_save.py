@@ -54,7 +54,6 @@ def _state(device="cuda"):
 
 
 def _store(tmp_path):
-    from s4fs.stores import LocalStore  # noqa: F401
     d = tmp_path / "store"
     d.mkdir()
     return d

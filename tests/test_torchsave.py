@@ -5,7 +5,6 @@ are checked here on the CPU through the kernel emulator."""
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
