@@ -264,6 +264,7 @@ class _Save:
                  profile=None) -> None:
         from s4fs.api import resolve
         self.path = path
+        self.t0 = time.perf_counter()
         self.stages = _Stages("save")
         self.fs, self.rel = resolve(path, create=True)
         if not self.rel:
@@ -309,6 +310,12 @@ class _Save:
         self.fs.commit(self.rel, m)
         self.stages.mark("commit")
         self.snap = []
+        from s4fs import metrics
+        from s4fs.report import stored_split
+        split = stored_split(m)
+        metrics.observe_save(self.rel, m.size, m.stored_bytes(),
+                             time.perf_counter() - self.t0,
+                             stored_delta=split["stored_delta"], unchanged=split["unchanged"])
 
     def _previous(self):
         return self.fs._manifest_or_none(self.rel)

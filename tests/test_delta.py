@@ -22,10 +22,18 @@ from s4fs.ingest import IngestConfig
 from s4fs.stores import LocalStore
 
 
-def tbytes(obj) -> bytes:
-    b = io.BytesIO()
-    torch.save(obj, b)
-    return b.getvalue()
+def tbytes(obj, name: str | None = None) -> bytes:
+    """torch.save's bytes: to a file object, or (``name``) to a local file of that name,
+    which is what s4fs.save stores at a path ending in that name."""
+    if name is None:
+        b = io.BytesIO()
+        torch.save(obj, b)
+        return b.getvalue()
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        torch.save(obj, os.path.join(d, name))
+        with open(os.path.join(d, name), "rb") as f:
+            return f.read()
 
 
 def put(fs, path, data: bytes):
@@ -192,7 +200,7 @@ def test_real_finetuning_series_api(tmp_path):
     for step, model_sd, opt_sd in finetune(60, every=20, freeze=frozen):
         obj = {"model": model_sd, "optimizer": opt_sd, "step": step}
         s4fs.save_checkpoint(root, step, obj)
-        saved[step] = hashlib.sha256(tbytes(obj)).hexdigest()
+        saved[step] = hashlib.sha256(tbytes(obj, f"step-{step}.pt")).hexdigest()
     assert s4fs.list_checkpoints(root) == [20, 40, 60]
     fs, _ = s4fs.resolve(root / "step-20.pt")
     first = file_report(fs, "step-20.pt")
