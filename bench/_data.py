@@ -29,5 +29,12 @@ def mixed_state_dict(target_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
     return out
 
 
-def nbytes(sd) -> int:
-    return sum(t.numel() * t.element_size() for t in sd.values())
+def nbytes(obj) -> int:
+    """Bytes of every tensor in a (nested) state dict."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0

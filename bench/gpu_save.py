@@ -50,17 +50,6 @@ def trained_state(gib: float, steps: int):
     return sd, float(loss)
 
 
-def nbytes(obj) -> int:
-    import torch
-    if torch.is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
-    return 0
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -77,6 +66,7 @@ def main() -> None:
     import torch
     import torch.distributed.checkpoint as dcp
     import s4fs
+    from _data import nbytes
     from s4fs.codec import gpu
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")

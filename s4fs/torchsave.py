@@ -96,7 +96,9 @@ class Layout:
     storages: list           # torch.UntypedStorage per key "0", "1", ... (key order)
     storage_records: list[Record]
     host: list[tuple[int, bytearray]] = field(default_factory=list)   # (file offset, bytes)
-    _starts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._starts = [o for o, _ in self.host]
 
     def patch(self, off: int, data: bytes) -> None:
         i = bisect.bisect_right(self._starts, off) - 1
@@ -185,7 +187,6 @@ def _read_layout(path: str, storages: list) -> Layout:
                                   desc))
             cd += 46 + n2 + e2 + c2
         by_name = {r.name: r for r in records}
-        srecs = []
         for key, st in enumerate(storages):
             r = by_name.get(f"data/{key}")
             if r is None or r.size != st.nbytes():
@@ -199,8 +200,7 @@ def _read_layout(path: str, storages: list) -> Layout:
             if lo > pos:
                 host.append((pos, bytearray(os.pread(fd, lo - pos, pos))))
             pos = max(pos, hi)
-        lay = Layout(size, records, storages, srecs, host, [o for o, _ in host])
-        return lay
+        return Layout(size, records, storages, srecs, host)
     finally:
         os.close(fd)
 
@@ -239,10 +239,6 @@ def storage_bytes(st) -> memoryview:
         return memoryview(b"")
     t = torch.empty(0, dtype=torch.uint8).set_(st, 0, (n,))
     return memoryview(t.numpy()).cast("B")
-
-
-def cpu_crc32(mv) -> int:
-    return zlib.crc32(mv)
 
 
 # --------------------------------------------------------------------------- saving
@@ -325,7 +321,7 @@ class _Save:
         lay = self.lay
         views = [storage_bytes(st) for st in lay.storages]
         with cf.ThreadPoolExecutor(min(8, max(1, len(views)))) as ex:
-            crcs = list(ex.map(cpu_crc32, views))
+            crcs = list(ex.map(zlib.crc32, views))
         finish_layout(lay, crcs)
         s = self.fs.new_session(self.rel, self._previous())
         try:
@@ -351,75 +347,62 @@ class _DeviceSave:
     def manifest(self):
         import torch
         from s4fs.codec import gpu
-        from s4fs.codec.gpu import _backend, _wholefile as W
         from s4fs.ingest import PackWriter
-        from s4fs.manifest import Manifest
+        from s4fs.manifest import Manifest, Stream
+        from s4fs.parse._pickle_scan import itemsize, scan_pickle
         gpu.require()
-        lay = self.job.lay
-        devs = {st.device for st in lay.storages if st.device.type == "cuda"}
+        lay, st = self.job.lay, self.job.stages
+        devs = {s.device for s in lay.storages if s.device.type == "cuda"}
         if len(devs) != 1:
             raise Unsupported("storages on more than one CUDA device")
         dev = devs.pop()
-        b = _backend.cuda_backend(dev.index if dev.index is not None else torch.cuda.current_device())
-        keep: list = []
-        cuda_idx = [i for i, st in enumerate(lay.storages) if st.device.type == "cuda"]
-        host_views = {i: storage_bytes(st) for i, st in enumerate(lay.storages)
-                      if st.device.type == "cpu"}
-        # order our stream after the work torch queued on the tensors
-        torch.cuda.current_stream(dev).synchronize()
+        self.device = dev.index if dev.index is not None else torch.cuda.current_device()
+        host = {i: storage_bytes(s) for i, s in enumerate(lay.storages) if s.device.type == "cpu"}
+        on_dev = [i for i in range(len(lay.storages)) if i not in host]
+        torch.cuda.current_stream(dev).synchronize()   # the tensors are final on the device
 
         # 1. CRC-32 of every storage (device ones on the device)
-        crcs = [0] * len(lay.storages)
-        if cuda_idx:
-            d = W.crc32_records(b, [lay.storages[i].data_ptr() for i in cuda_idx],
-                                [lay.storages[i].nbytes() for i in cuda_idx], keep)
-            import numpy as np
-            regs = np.empty(len(cuda_idx), dtype=np.uint32)
-            b.download(d, 0, regs.view(np.uint8))
-            b.synchronize()
-            for i, r in zip(cuda_idx, regs.tolist()):
-                crcs[i] = W.finish_crc(int(r), lay.storages[i].nbytes())
-        for i, mv in host_views.items():
-            crcs[i] = zlib.crc32(mv)
-        finish_layout(lay, crcs)
-        st = self.job.stages
+        crcs = dict(zip(on_dev, gpu.crc32_many([lay.storages[i].data_ptr() for i in on_dev],
+                                               [lay.storages[i].nbytes() for i in on_dev],
+                                               device=self.device)))
+        crcs.update((i, zlib.crc32(mv)) for i, mv in host.items())
+        finish_layout(lay, [crcs[i] for i in range(len(lay.storages))])
         st.mark("CRC-32 (device)")
 
         # 2. the whole file's XXH3-128, on the device
-        digest = self._file_hash(b, host_views, keep)
+        pieces = []                       # (offset, length, host bytes | device pointer)
+        for off, (kind, what) in lay.pieces():
+            if kind == "host":
+                pieces.append((off, len(what), what))
+            else:
+                n = lay.storage_records[what].size
+                pieces.append((off, n, host[what] if what in host
+                               else int(lay.storages[what].data_ptr())))
+        digest = gpu.xxh3_128_pieces(pieces, lay.size, device=self.device)
         st.mark("XXH3-128 (device)")
 
-        # 3. streams: raw (every host byte) + one per storage record
-        from s4fs.manifest import Stream
-        from s4fs.parse._pickle_scan import scan_pickle
+        # 3. streams: raw (every host byte) + one per storage record, as the parser makes
         pkl = next(r for r in lay.records if r.name == "data.pkl")
         scan = scan_pickle(lay.read(pkl.data, pkl.size))
-        packs = PackWriter(self.fs.store, self.cfg,
-                           self.fs.pack_cache.put if self.fs.pack_cache is not None else None)
         raw = Stream("raw")
-        streams = [raw]
-        extents: list[tuple[int, int, int, int]] = []
-        raw_len = 0
-        tensor_jobs = []          # (stream, storage index)
+        streams, extents, raw_len, jobs = [raw], [], 0, []
         for off, (kind, what) in lay.pieces():
             if kind == "host":
                 extents.append((off, len(what), 0, raw_len))
                 raw_len += len(what)
-            else:
-                r = lay.storage_records[what]
-                info = scan.storages.get(str(what))
-                dtype = info.dtype if info is not None else "bytes"
-                from s4fs.parse._pickle_scan import itemsize
-                if r.size % itemsize(dtype):
-                    dtype = "bytes"
-                s = Stream("tensor", dtype, f"data/{what}")
-                streams.append(s)
-                extents.append((off, r.size, len(streams) - 1, 0))
-                tensor_jobs.append((s, what))
+                continue
+            size = lay.storage_records[what].size
+            info = scan.storages.get(str(what))
+            dtype = info.dtype if info is not None else "bytes"
+            s = Stream("tensor", dtype if size % itemsize(dtype) == 0 else "bytes", f"data/{what}")
+            streams.append(s)
+            extents.append((off, size, len(streams) - 1, 0))
+            jobs.append((s, what))
+        packs = PackWriter(self.fs.store, self.cfg,
+                           self.fs.pack_cache.put if self.fs.pack_cache is not None else None)
         try:
-            self._code_tensors(b, tensor_jobs, host_views, packs)
-            rawbytes = b"".join(bytes(buf) for _, buf in lay.host)
-            self._code_raw(raw, rawbytes, packs)
+            self._code_tensors(jobs, host, packs)
+            self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
             st.mark("code (GPU) + pack")
             packs.finish()
             st.mark("store (pack uploads)")
@@ -427,150 +410,66 @@ class _DeviceSave:
             packs.abandon()
             raise
         finally:
-            keep.clear()
-            _release_pool()
+            _gpu_release()
         names = {f"data/{k}": v for k, v in scan.names.items()}
         return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
                         kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
                         extents=extents, names=names, own_packs=list(packs.keys), base=None)
 
-    def _file_hash(self, b, host_views: dict, keep: list) -> str:
-        lay = self.job.lay
-        pieces = []                       # (offset, length, host bytes | device pointer)
-        for off, (kind, what) in lay.pieces():
-            if kind == "host":
-                pieces.append((off, len(what), what))
-            elif what in host_views:
-                pieces.append((off, lay.storage_records[what].size, host_views[what]))
-            else:
-                pieces.append((off, lay.storage_records[what].size,
-                               int(lay.storages[what].data_ptr())))
-        return device_file_hash(b, pieces, lay.size, keep)
-
-    def _code_tensors(self, b, jobs, host_views: dict, packs) -> None:
+    def _code_tensors(self, jobs, host: dict, packs) -> None:
+        """Device storages in GPU batches of up to GPU_BATCH_BYTES; CPU ones on the CPU."""
         import torch
-        from s4fs.codec import gpu
-        from s4fs.codec import _container
+        from s4fs.codec import _container, gpu
         from s4fs.manifest import ChunkRef
-        from s4fs import codec as cpu_codec
         lay = self.job.lay
         step = self.cfg.chunk_size
-        batch, batch_bytes = [], 0
+        batch: list = []
+        held = 0                                  # raw bytes in the batch
 
         def flush():
-            nonlocal batch, batch_bytes
+            nonlocal held
+            held = 0
             if not batch:
                 return
-            blobs = gpu.compress_many([(t, dt) for _, t, dt, _ in batch],
+            blobs = gpu.compress_many([(t, s.dtype) for s, t in batch],
                                       profile=self.job.profile, out="host")
-            for (stream, t, dt, n), blob in zip(batch, blobs):
-                head = _container.unpack(blob)
+            for (s, t), blob in zip(batch, blobs):
                 pack, off = packs.add(blob)        # a view of pinned memory, joined once
-                stream.chunks.append(ChunkRef(pack, off, len(blob), n, head.checksum))
-            batch, batch_bytes = [], 0
+                s.chunks.append(ChunkRef(pack, off, len(blob), t.numel(),
+                                         _container.unpack(blob).checksum))
+            batch.clear()
 
-        for stream, i in jobs:
-            st = lay.storages[i]
-            n = st.nbytes()
-            if i in host_views:
-                flush()
-                mv = host_views[i]
-                for o in range(0, n, step):
-                    piece = mv[o: o + step]
-                    blob = cpu_codec.compress(piece, stream.dtype, device="cpu")
-                    pack, off = packs.add(blob)
-                    stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
-                                                  cpu_codec.checksum(piece)))
+        for s, i in jobs:
+            if i in host:
+                self._code_host(s, host[i], packs)
                 continue
-            whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st, 0, (n,))
+            stg = lay.storages[i]
+            n = stg.nbytes()
+            whole = torch.empty(0, dtype=torch.uint8, device=stg.device).set_(stg, 0, (n,))
             for o in range(0, n, step):
-                k = min(step, n - o)
-                batch.append((stream, whole[o: o + k], stream.dtype, k))
-                batch_bytes += k
-                if batch_bytes >= GPU_BATCH_BYTES:
+                batch.append((s, whole[o: o + step]))
+                held += batch[-1][1].numel()
+                if held >= GPU_BATCH_BYTES:
                     flush()
         flush()
 
-    def _code_raw(self, raw, data: bytes, packs) -> None:
-        from s4fs import codec as cpu_codec
+    def _code_host(self, stream, mv, packs) -> None:
+        """Host bytes into ``stream``'s chunks, coded whole on the CPU (ingest's rule)."""
+        from s4fs import codec
+        from s4fs.ingest import code_chunk
         from s4fs.manifest import ChunkRef
         step = self.cfg.chunk_size
-        for o in range(0, len(data), step):
-            piece = data[o: o + step]
-            blob = cpu_codec.compress(piece, "bytes", device="cpu")
+        for o in range(0, len(mv), step):
+            piece = mv[o: o + step]
+            blob, _ = code_chunk(piece, stream.dtype, 0, None, None, self.cfg, device="cpu")
             pack, off = packs.add(blob)
-            raw.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
-                                       cpu_codec.checksum(piece)))
+            stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
+                                          codec.checksum(piece)))
 
 
-def device_file_hash(b, pieces: list, size: int, keep: list) -> str:
-    """XXH3-128 of a file given as ``pieces`` (offset, length, host bytes or a device
-    pointer) tiling it in order. The stripes (64 bytes) wholly inside a device storage are
-    read where they lie; every other stripe is copied into one patch buffer: host
-    bytes uploaded, the device bytes of stripes that straddle a storage's ends
-    gathered into it on the device."""
-    import numpy as np
-    from s4fs.codec.gpu import _wholefile as W
-    from s4fs.codec.gpu._common import Segments
-    starts = [p[0] for p in pieces]
-    patch = bytearray()
-    gathers: list[tuple[int, int, int]] = []    # (device source, patch offset, length)
-
-    def fill(lo: int, hi: int) -> None:          # file bytes [lo, hi) onto the patch
-        i = bisect.bisect_right(starts, lo) - 1
-        while lo < hi:
-            off, n, src = pieces[i]
-            k = min(hi, off + n) - lo
-            if isinstance(src, int):
-                gathers.append((src + lo - off, len(patch), k))
-                patch.extend(bytes(k))
-            else:
-                patch.extend(src[lo - off: lo - off + k])
-            lo += k
-            i += 1
-
-    runs: list[tuple[int, int, int]] = []       # (first stripe, count, ptr | ~patch offset)
-    pos = 0
-    for off, n, src in pieces:
-        if not isinstance(src, int):
-            continue
-        first, last = -(-off // 64) * 64, (off + n) // 64 * 64
-        if first >= last:
-            continue                             # no whole stripe: all of it patched
-        if first > pos:
-            runs.append((pos // 64, (first - pos) // 64, ~len(patch)))
-            fill(pos, first)
-        runs.append((first // 64, (last - first) // 64, src + first - off))
-        pos = last
-    if pos < size:
-        runs.append((pos // 64, -(-(size - pos) // 64), ~len(patch)))
-        fill(pos, size)
-        patch.extend(bytes(-len(patch) % 64))
-    d_patch = b.empty(max(len(patch), 64))
-    h_patch = np.frombuffer(bytes(patch) or bytes(64), dtype=np.uint8)
-    b.upload(d_patch, 0, h_patch)
-    base = b.ptr(d_patch)
-    if gathers:
-        seg = Segments()
-        for src, at, k in gathers:
-            seg.add(src, base + at, k)
-        seg.launch(b, keep)
-    keep += [d_patch, h_patch]
-    runs = [(s, c, base + ~p if p < 0 else p) for s, c, p in runs]
-    end_off, end_n, end_src = pieces[-1]
-    if isinstance(end_src, int) or end_off + end_n != size or end_n < 64:
-        raise S4Error("internal error: the file does not end in 64 host bytes")
-    last64 = bytes(end_src[end_n - 64: end_n])
-    return W.xxh3_128_runs(b, runs, size, last64, keep)
-
-
-def _release_pool() -> None:
-    """Give the codec's cached device memory back (torch's allocator can then use it)."""
-    try:
-        import cupy
-        cupy.get_default_memory_pool().free_all_blocks()
-    except Exception:                      # noqa: BLE001 - best effort
-        pass
+def _gpu_release() -> None:
+    from s4fs.codec import gpu
+    gpu.release_memory()
 
 
 # --------------------------------------------------------------------------- async
@@ -751,7 +650,7 @@ def load(path, map_location=None, **load_kwargs):
         stages.mark("unpickle")
         return out
     finally:
-        _release_pool()
+        _gpu_release()
 
 
 def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:

@@ -24,7 +24,8 @@ _codecs.register()
 
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
            "decompress_many", "decompress_planes", "prefers", "GpuProfile", "DEFAULT",
-           "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version"]
+           "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version",
+           "crc32_many", "xxh3_128_pieces", "release_memory"]
 
 # host buffers smaller than this stay on the CPU under device="auto"
 AUTO_MIN_HOST_BYTES = 1 << 20
@@ -124,3 +125,30 @@ def decompress_planes(blob, head, dt) -> bytes:
     ``s4fs.codec.decompress``, which XORs the base and checks the checksum itself."""
     from ._decode import decompress_many as _many
     return _many([blob], out="bytes", planes_only=True)[0]
+
+
+def crc32_many(ptrs: list[int], lens: list[int], *, device: int | None = None) -> list[int]:
+    """The zip CRC-32 (``zlib.crc32``) of every buffer (device pointers and lengths on
+    ``device``), computed on that GPU."""
+    from ._backend import cuda_backend
+    from ._wholefile import crc32_many as _many
+    return _many(cuda_backend(device), ptrs, lens) if ptrs else []
+
+
+def xxh3_128_pieces(pieces: list, size: int, *, device: int | None = None) -> str:
+    """``xxhash.xxh3_128(file).hexdigest()`` of a ``size``-byte file given as ``pieces``
+    ``(offset, length, host bytes-like | device pointer)`` tiling it in order (its last
+    64 bytes on the host), computed on the GPU without assembling the file."""
+    from ._backend import cuda_backend
+    from ._wholefile import xxh3_128_pieces as _hash
+    return _hash(cuda_backend(device), pieces, size, [])
+
+
+def release_memory() -> None:
+    """Give the device memory the codec's pool caches back (torch's allocator, or any
+    other, can then use it). Safe to call when CuPy is not installed."""
+    try:
+        import cupy
+    except Exception:                      # noqa: BLE001 - nothing cached then
+        return
+    cupy.get_default_memory_pool().free_all_blocks()

@@ -159,6 +159,29 @@ __device__ u64 xxh3_short(const u8* p, u64 len) {
     return aval3(acc);
 }
 
+// one 16-byte pair of a stripe into the accumulators (stripe j of its block, pair q)
+__device__ __forceinline__ void acc_pair(u64* acc, int j, int q, u64 d0, u64 d1) {
+    u64 k0 = d0 ^ XKEY[j + 2 * q], k1 = d1 ^ XKEY[j + 2 * q + 1];
+    acc[2 * q + 1] += d0;
+    acc[2 * q] += d1;
+    acc[2 * q] += (k0 & 0xffffffffULL) * (k0 >> 32);
+    acc[2 * q + 1] += (k1 & 0xffffffffULL) * (k1 >> 32);
+}
+
+// the scramble chain of one lane over nfull whole blocks' sums (c: that lane's first sum)
+__device__ __forceinline__ u64 chain_lane(const u64* c, u64 nfull, int lane) {
+    u64 acc = XINIT[lane];
+    u64 key = XKEY[16 + lane];
+#pragma unroll 16
+    for (u64 b = 0; b < nfull; ++b) {
+        acc += c[8 * b];
+        acc ^= acc >> 47;
+        acc ^= key;
+        acc *= P32_1;
+    }
+    return acc;
+}
+
 // items: 4 u64 per buffer: pointer (16-byte aligned when len > 240), length, offset of
 // its block sums in `sums` (in blocks of 8 u64), unused.
 extern "C" __global__ void xxh3_blocks(const u64* items, u64* sums) {
@@ -180,12 +203,7 @@ extern "C" __global__ void xxh3_blocks(const u64* items, u64* sums) {
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     ulonglong2 v = w[4 * s + q];
-                    u64 d0 = v.x, d1 = v.y;
-                    u64 k0 = d0 ^ XKEY[s + 2 * q], k1 = d1 ^ XKEY[s + 2 * q + 1];
-                    acc[2 * q + 1] += d0;
-                    acc[2 * q] += d1;
-                    acc[2 * q] += (k0 & 0xffffffffULL) * (k0 >> 32);
-                    acc[2 * q + 1] += (k1 & 0xffffffffULL) * (k1 >> 32);
+                    acc_pair(acc, s, q, v.x, v.y);
                 }
             }
         }
@@ -204,16 +222,7 @@ extern "C" __global__ void xxh3_scan(const u64* items, const u64* sums, u64* acc
     const u8* p = (const u8*)it[0];
     const u64* c = sums + 8 * it[2] + lane;
     u64 nfull = (len - 1) / 1024;
-    u64 acc = XINIT[lane];
-    u64 key = XKEY[16 + lane];
-#pragma unroll 8
-    for (u64 b = 0; b < nfull; ++b) {
-        acc += c[8 * b];
-        acc ^= acc >> 47;
-        acc ^= key;
-        acc *= P32_1;
-    }
-    acc += c[8 * nfull];
+    u64 acc = chain_lane(c, nfull, lane) + c[8 * nfull];
     const u8* last = p + len - 64;
     u64 dv = rd64(last + 8 * lane);
     u64 dk = dv ^ XLAST[lane];
@@ -587,14 +596,8 @@ extern "C" __global__ void xxh3_run_blocks(const u64* runs, u64 nruns, u64 total
                 while (s >= runs[3 * r] + runs[3 * r + 1]) ++r;
                 const u8* p = (const u8*)runs[3 * r + 2] + 64 * (s - runs[3 * r]);
                 bool al = (((u64)p) & 7) == 0;
-                for (int q = 0; q < 4; ++q) {
-                    u64 d0 = ld64(p + 16 * q, al), d1 = ld64(p + 16 * q + 8, al);
-                    u64 k0 = d0 ^ XKEY[j + 2 * q], k1 = d1 ^ XKEY[j + 2 * q + 1];
-                    acc[2 * q + 1] += d0;
-                    acc[2 * q] += d1;
-                    acc[2 * q] += (k0 & 0xffffffffULL) * (k0 >> 32);
-                    acc[2 * q + 1] += (k1 & 0xffffffffULL) * (k1 >> 32);
-                }
+                for (int q = 0; q < 4; ++q)
+                    acc_pair(acc, j, q, ld64(p + 16 * q, al), ld64(p + 16 * q + 8, al));
             }
         }
         for (int i = 0; i < 8; ++i) sums[8 * b + i] = acc[i];
@@ -605,16 +608,7 @@ extern "C" __global__ void xxh3_run_blocks(const u64* runs, u64 nruns, u64 total
 extern "C" __global__ void xxh3_chain(const u64* sums, u64 nfull, u64* accs) {
     int lane = (int)threadIdx.x;
     if (lane >= 8) return;
-    u64 acc = XINIT[lane];
-    u64 key = XKEY[16 + lane];
-#pragma unroll 16
-    for (u64 b = 0; b < nfull; ++b) {
-        acc += sums[8 * b + lane];
-        acc ^= acc >> 47;
-        acc ^= key;
-        acc *= P32_1;
-    }
-    accs[lane] = acc + sums[8 * nfull + lane];
+    accs[lane] = chain_lane(sums + lane, nfull, lane) + sums[8 * nfull + lane];
 }
 
 // CRC-32 (zip's), in two steps. Each record is cut into CRC_BLOCK-byte blocks counted

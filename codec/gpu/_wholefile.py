@@ -10,6 +10,7 @@ operators (GF(2) linear maps, built once with ``zlib``), the XXH3 last stripe an
 
 from __future__ import annotations
 
+import bisect
 import functools
 import zlib
 
@@ -120,6 +121,16 @@ def crc32_records(b, ptrs: list[int], lens: list[int], keep: list):
     return out
 
 
+def crc32_many(b, ptrs: list[int], lens: list[int]) -> list[int]:
+    """The zip CRC-32 of every record (device pointers); synchronizes."""
+    keep: list = []
+    d = crc32_records(b, ptrs, lens, keep)
+    regs = np.empty(max(len(ptrs), 1), dtype=np.uint32)
+    b.download(d, 0, regs.view(np.uint8))
+    b.synchronize()
+    return [finish_crc(int(r), n) for r, n in zip(regs.tolist(), lens)]
+
+
 # ---------------------------------------------------------------- XXH3-128
 
 def _u64(buf: bytes, off: int) -> int:
@@ -182,3 +193,62 @@ def xxh3_128_runs(b, runs: list[tuple[int, int, int]], size: int, last64: bytes,
     b.synchronize()
     keep += [arr, d_runs, sums, accs]
     return xxh3_128_finish([int(x) for x in h], size, last64)
+
+
+def xxh3_128_pieces(b, pieces: list, size: int, keep: list) -> str:
+    """XXH3-128 of a file given as ``pieces`` (offset, length, host bytes or a device
+    pointer) tiling it in order. The stripes (64 bytes) wholly inside a device storage are
+    read where they lie; every other stripe is copied into one patch buffer: host
+    bytes uploaded, the device bytes of stripes that straddle a storage's ends
+    gathered into it on the device."""
+    from ._common import Segments
+    starts = [p[0] for p in pieces]
+    patch = bytearray()
+    gathers: list[tuple[int, int, int]] = []    # (device source, patch offset, length)
+
+    def fill(lo: int, hi: int) -> None:          # file bytes [lo, hi) onto the patch
+        i = bisect.bisect_right(starts, lo) - 1
+        while lo < hi:
+            off, n, src = pieces[i]
+            k = min(hi, off + n) - lo
+            if isinstance(src, int):
+                gathers.append((src + lo - off, len(patch), k))
+                patch.extend(bytes(k))
+            else:
+                patch.extend(src[lo - off: lo - off + k])
+            lo += k
+            i += 1
+
+    runs: list[tuple[int, int, int]] = []       # (first stripe, count, ptr | ~patch offset)
+    pos = 0
+    for off, n, src in pieces:
+        if not isinstance(src, int):
+            continue
+        first, last = -(-off // 64) * 64, (off + n) // 64 * 64
+        if first >= last:
+            continue                             # no whole stripe: all of it patched
+        if first > pos:
+            runs.append((pos // 64, (first - pos) // 64, ~len(patch)))
+            fill(pos, first)
+        runs.append((first // 64, (last - first) // 64, src + first - off))
+        pos = last
+    if pos < size:
+        runs.append((pos // 64, -(-(size - pos) // 64), ~len(patch)))
+        fill(pos, size)
+        patch.extend(bytes(-len(patch) % 64))
+    d_patch = b.empty(max(len(patch), 64))
+    h_patch = np.frombuffer(bytes(patch) or bytes(64), dtype=np.uint8)
+    b.upload(d_patch, 0, h_patch)
+    base = b.ptr(d_patch)
+    if gathers:
+        seg = Segments()
+        for src, at, k in gathers:
+            seg.add(src, base + at, k)
+        seg.launch(b, keep)
+    keep += [d_patch, h_patch]
+    runs = [(s, c, base + ~p if p < 0 else p) for s, c, p in runs]
+    end_off, end_n, end_src = pieces[-1]
+    if isinstance(end_src, int) or end_off + end_n != size or end_n < 64:
+        raise ValueError("the file must end in at least 64 bytes of host memory")
+    last64 = bytes(end_src[end_n - 64: end_n])
+    return xxh3_128_runs(b, runs, size, last64, keep)
