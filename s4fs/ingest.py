@@ -134,7 +134,7 @@ class PackWriter:
     def _submit(self) -> None:
         if not self._buf:
             return
-        key, data = self._key, b"".join(self._buf)
+        key, parts = self._key, self._buf
         self.keys.append(key)
         self._buf, self._buf_len = [], 0
         self._key = keys.new_pack_key()
@@ -144,8 +144,11 @@ class PackWriter:
 
         def upload():
             try:
-                self.store.put(key, data)
-                if self._on_pack is not None:
+                if self._on_pack is None:
+                    self.store.put_parts(key, parts)        # no joined copy of the pack
+                else:
+                    data = b"".join(parts)
+                    self.store.put(key, data)
                     self._on_pack(key, data)
             finally:
                 metrics.uploads_finished()

@@ -52,6 +52,7 @@ _DESC_SIG = b"PK\x07\x08"
 _CD_SIG = b"PK\x01\x02"
 _M64 = (1 << 64) - 1
 GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
+LOAD_BATCH_BYTES = 256 << 20       # raw bytes decoded per batch while the next is read
 
 
 last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
@@ -682,20 +683,24 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
             while r is not None:
                 refs.setdefault(r.key(), r)
                 r = r.base
-    blobs = _fetch(fs, list(refs.values()))
-    stages.mark("fetch blobs")
-    decoded: dict = {}
+    # blobs are read a batch ahead of the batch being decoded; bases decode first
     depths = sorted({r.depth for r in refs.values()})
-    with torch.cuda.device(dev):
-        for d in depths:
-            level = [r for r in refs.values() if r.depth == d]
-            for group in _batches(level):
-                outs = gpu.decompress_many([blobs[r.key()] for r in group],
-                                           [decoded[r.base.key()] if r.base is not None
-                                            else None for r in group], out="device")
-                for r, o in zip(group, outs):
-                    decoded[r.key()] = o
-        stages.mark("decode (GPU)")
+    groups = [g for d in depths
+              for g in _batches([r for r in refs.values() if r.depth == d], LOAD_BATCH_BYTES)]
+    decoded: dict = {}
+    with cf.ThreadPoolExecutor(16, thread_name_prefix="s4fs-load") as readers, \
+            cf.ThreadPoolExecutor(1) as ahead, torch.cuda.device(dev):
+        def read(group):
+            return list(readers.map(fs.source.fetch_blob, group))
+        nxt = ahead.submit(read, groups[0]) if groups else None
+        for k, group in enumerate(groups):
+            blobs = nxt.result()
+            if k + 1 < len(groups):
+                nxt = ahead.submit(read, groups[k + 1])
+            outs = gpu.decompress_many(blobs, [decoded[r.base.key()] if r.base is not None
+                                               else None for r in group], out="device")
+            decoded.update((r.key(), o) for r, o in zip(group, outs))
+        stages.mark("read + decode (GPU)")
         for name, s in plans:
             n = s.length
             t = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -728,10 +733,3 @@ def _batches(refs: list, limit: int = GPU_BATCH_BYTES):
         size += r.raw
     if group:
         yield group
-
-
-def _fetch(fs, refs: list) -> dict:
-    """Every blob of ``refs`` from the store, a few ranged reads at a time."""
-    with cf.ThreadPoolExecutor(16, thread_name_prefix="s4fs-load") as ex:
-        got = list(ex.map(fs.source.fetch_blob, refs))
-    return {r.key(): g for r, g in zip(refs, got)}

@@ -124,17 +124,17 @@ def test_a_store_failure_in_the_background_is_in_the_future(tmp_path, monkeypatc
     store.mkdir()
     s4fs.save({"x": torch.ones(3)}, str(store / "seed.pt"))
     fs, _ = s4fs.resolve(str(store / "seed.pt"))
-    real = fs.store.put
+    real = fs.store.put_parts
 
-    def broken(key, data, *a, **k):
+    def broken(key, parts, *a, **k):
         if key.startswith("packs/") or "pack" in key:
             raise OSError("injected: the bucket refused the upload")
-        return real(key, data, *a, **k)
-    monkeypatch.setattr(fs.store, "put", broken)
+        return real(key, parts, *a, **k)
+    monkeypatch.setattr(fs.store, "put_parts", broken)
     fut = s4fs.async_save({"y": torch.randn(1 << 18)}, str(store / "y.pt"))
     with pytest.raises(OSError, match="injected"):
         fut.result(timeout=60)
-    monkeypatch.setattr(fs.store, "put", real)
+    monkeypatch.setattr(fs.store, "put_parts", real)
     assert not fs.exists("y.pt")
 
 

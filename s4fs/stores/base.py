@@ -52,6 +52,12 @@ class Store(ABC):
     def put(self, key: str, data) -> None:
         """Store ``data`` (bytes-like) under ``key`` atomically, replacing any object."""
 
+    def put_parts(self, key: str, parts: list) -> None:
+        """Store the concatenation of ``parts`` (bytes-likes) under ``key``, as
+        :meth:`put`; a store that can write the pieces without joining them first
+        overrides this (a pack is many coded chunks)."""
+        self.put(key, b"".join(parts))
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""

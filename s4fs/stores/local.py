@@ -155,7 +155,7 @@ class LocalStore(Store):
         if self._marked:
             return
         doc = json.dumps({"layout": "s4fs LocalStore", "version": LAYOUT_VERSION})
-        self._write(str(self.root / LAYOUT_MARKER), doc.encode() + b"\n")
+        self._write(str(self.root / LAYOUT_MARKER), [doc.encode() + b"\n"])
         self._marked = True
 
     # --- key -> file -----------------------------------------------------------------
@@ -242,17 +242,20 @@ class LocalStore(Store):
         return ObjectInfo(key, st.st_size - skip, st.st_mtime)
 
     def put(self, key, data) -> None:
+        self.put_parts(key, [data])
+
+    def put_parts(self, key, parts) -> None:
         try:
             rel, hashed = self._locate(key)
             if self._layout_version() >= 1:
                 self._mark()
-            self._write(str(self.root / rel), data, _header(key) if hashed else b"")
+            self._write(str(self.root / rel), parts, _header(key) if hashed else b"")
         except S4Error:
             raise
         except OSError as exc:
             raise self._error("write", key, exc) from None
 
-    def _write(self, path: str, data, header: bytes = b"") -> None:
+    def _write(self, path: str, parts: list, header: bytes = b"") -> None:
         folder = os.path.dirname(path)
         for attempt in range(5):
             os.makedirs(folder, exist_ok=True)
@@ -262,7 +265,7 @@ class LocalStore(Store):
             except FileNotFoundError:     # a delete pruned the folder we just made
                 if attempt == 4:
                     raise
-        replace_from_temp(fd, tmp, path, header, data)
+        replace_from_temp(fd, tmp, path, header, *parts)
 
     def delete(self, key) -> None:
         try:
