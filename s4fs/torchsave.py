@@ -52,7 +52,7 @@ _DESC_SIG = b"PK\x07\x08"
 _CD_SIG = b"PK\x01\x02"
 _M64 = (1 << 64) - 1
 GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
-LOAD_BATCH_BYTES = 256 << 20       # raw bytes decoded per batch while the next is read
+LOAD_BATCH_BYTES = 1 << 30         # raw bytes decoded per batch while the next is read
 
 
 last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
