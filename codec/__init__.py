@@ -13,7 +13,7 @@ from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError,
 
 from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompress, inspect, xor
 from ._dtypes import DType, dtype_names, lookup
-from ._probe import gpu_available
+from ._device import gpu_available
 
 __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",

@@ -84,17 +84,30 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
             raise FormatError("blob header has an overlong length field")
 
 
-def pack(dtype_code: int, flags: int, layout: int, checksum: int, base_checksum: int | None,
-         raw_len: int, planes: list[tuple[int, int, int, bytes]]) -> bytes:
-    """planes: (codec id, codec major, raw length, payload)."""
+def header(dtype_code: int, flags: int, layout: int, checksum: int,
+           base_checksum: int | None, raw_len: int,
+           planes: list[tuple[int, int, int, int]]) -> bytes:
+    """The header of a blob whose planes are (codec id, codec major, raw length, encoded
+    length); the payloads follow it in plane order. The one writer of this header: the
+    CPU path (``pack``) and the GPU encoder both call it."""
+    if flags & ~KNOWN_FLAGS:
+        raise ValueError(f"unknown container flags 0x{flags:02x}")
     head = bytearray(_FIXED.pack(MAGIC, MAJOR, MINOR, dtype_code, flags, layout,
                                  len(planes), checksum))
     if flags & FLAG_DELTA:
         head += struct.pack("<Q", base_checksum)
     head += _varint(raw_len)
-    for cid, major, plane_raw, payload in planes:
-        head += bytes((cid, major)) + _varint(plane_raw) + _varint(len(payload))
-    return b"".join([bytes(head), *[p for *_, p in planes]])
+    for cid, major, plane_raw, enc in planes:
+        head += bytes((cid, major)) + _varint(plane_raw) + _varint(enc)
+    return bytes(head)
+
+
+def pack(dtype_code: int, flags: int, layout: int, checksum: int, base_checksum: int | None,
+         raw_len: int, planes: list[tuple[int, int, int, bytes]]) -> bytes:
+    """planes: (codec id, codec major, raw length, payload)."""
+    head = header(dtype_code, flags, layout, checksum, base_checksum, raw_len,
+                  [(cid, major, r, len(p)) for cid, major, r, p in planes])
+    return b"".join([head, *[p for *_, p in planes]])
 
 
 def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
@@ -102,10 +115,12 @@ def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
     return n + sum(2 + len(_varint(r)) + len(_varint(e)) for r, e in planes)
 
 
-def unpack(blob, *, whole: bool = True) -> Header:
-    """The blob's header. ``whole=False``: ``blob`` may be just the blob's first bytes
-    (enough to hold the header): its length is then not checked."""
+def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
+    """The blob's header, the one reader of it. ``whole=False``: ``blob`` may be just the
+    blob's first bytes (enough to hold the header): its length is then not checked, or,
+    given the blob's ``total`` length, checked against that."""
     buf = memoryview(blob).cast("B")
+    size = len(buf) if total is None else total
     if len(buf) < _FIXED.size:
         if bytes(buf[:4]) != MAGIC[: len(buf[:4])]:
             raise FormatError("not an s4fs chunk (wrong magic)")
@@ -137,8 +152,8 @@ def unpack(blob, *, whole: bool = True) -> Header:
         plane_raw, pos = _read_varint(buf, pos + 2)
         enc, pos = _read_varint(buf, pos)
         planes.append(PlaneHeader(cid, cmajor, plane_raw, enc))
-    total = pos + sum(p.enc_len for p in planes)
-    if whole and total != len(buf):
-        what = "truncated" if total > len(buf) else "followed by extra bytes"
-        raise FormatError(f"blob is {what}: header describes {total} bytes, got {len(buf)}")
+    end = pos + sum(p.enc_len for p in planes)
+    if (whole or total is not None) and end != size:
+        what = "truncated" if end > size else "followed by extra bytes"
+        raise FormatError(f"blob is {what}: header describes {end} bytes, got {size}")
     return Header(dcode, flags, layout, checksum, base_checksum, raw_len, tuple(planes), pos)

@@ -195,7 +195,8 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     ingest = fs.cfg.ingest
-    if ingest.processes and ingest.device == "cpu":
+    from s4fs.codec import _device
+    if ingest.processes and _device.pipeline(ingest.device) == "cpu":
         # start the coding worker processes now, beside the mount: the first save
         # should not wait for interpreters to start
         from s4fs import workers as coding

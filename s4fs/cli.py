@@ -406,6 +406,7 @@ def cmd_gc(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from s4fs.codec import _device
     p = argparse.ArgumentParser(prog="s4fs", description="lossless checkpoint filesystem")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -415,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--foreground", "-f", action="store_true")
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
-    m.add_argument("--device", choices=["auto", "cpu", "cuda"],
+    m.add_argument("--device", choices=list(_device.DEVICES),
                    help="codec for new chunks (default cpu; cuda is exact but, chunk by "
                         "chunk, not yet faster: docs/BENCHMARKS.md)")
     m.add_argument("--gc-interval", type=float, default=3600.0,

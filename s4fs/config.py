@@ -35,11 +35,11 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from s4fs.codec._device import DEVICES
 from s4fs.errors import InvalidArgument
 
 DEFAULT_PATH = "/etc/s4fs/config.toml"
 ENV_VAR = "S4FS_CONFIG"
-DEVICES = ("auto", "cpu", "cuda")
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys, sealed
+from s4fs.codec import _device
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound)
 from s4fs.ingest import IngestConfig, IngestSession
@@ -510,7 +511,8 @@ class Filesystem:
         is already whole), ``fd`` to read it — or None (then the reader decodes here)."""
         from s4fs import fill as fill_mod
         ingest = self.cfg.ingest
-        if self.decoded is None or not ingest.processes or ingest.device != "cpu" or \
+        if self.decoded is None or not ingest.processes or \
+                _device.pipeline(ingest.device) != "cpu" or \
                 m.size < fill_mod.MIN_SIZE or m.size > self.decoded.max_bytes:
             return None
         with self._lock:

@@ -41,18 +41,14 @@ def _check(fn, data: bytes) -> tuple[bool, str]:
 
 
 def run(device: str, n_random: int = 1_000_000, out=sys.stdout) -> int:
-    from s4fs.codec import compress, decompress, gpu_available
+    from s4fs.codec import _device, compress, decompress
     from s4fs.codec._dtypes import lookup
 
-    if device == "auto":
-        device = "cuda" if gpu_available() else "cpu"
-    if device == "cuda":
-        from s4fs.codec import gpu
-        try:
-            gpu.require()
-        except S4Error as exc:
-            print(f"selftest: {exc}", file=out)
-            return 2
+    try:
+        device = _device.pipeline(device)
+    except S4Error as exc:
+        print(f"selftest: {exc}", file=out)
+        return 2
     cases = _cases(n_random)
     paths = ["cpu"] + (["gpu", "gpu-batch", "cpu→gpu", "portable→cpu"] if device == "cuda" else [])
     results: dict[str, list[tuple[bool, str]]] = {p: [] for p in paths}
@@ -119,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="s4fs selftest",
         description="bit-exact compress/restore of every adversarial data set; "
                     "exits 1 unless all pass, 2 when the device is unavailable")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    from s4fs.codec._device import DEVICES
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--random-size", type=int, default=1_000_000,
                         help="elements in the random data sets (default 1000000)")
     args = parser.parse_args(argv)

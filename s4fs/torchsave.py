@@ -516,9 +516,9 @@ def _cuda_target(map_location):
 
 
 def wants_device_load(map_location) -> bool:
-    from s4fs.codec import gpu
+    from s4fs.codec import _device
     try:
-        return _cuda_target(map_location) is not None and gpu.is_available()
+        return _cuda_target(map_location) is not None and _device.gpu_available()
     except Exception:                      # noqa: BLE001 - no torch CUDA: the stream path
         return False
 

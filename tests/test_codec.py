@@ -15,7 +15,7 @@ from s4fs import codec
 from s4fs.codec import _container as C
 from s4fs.codec import _plane_codecs as P
 from s4fs.codec import _planes, _zstd_seq
-from s4fs.codec._core import CpuProfile
+from s4fs.codec._cpu import CpuProfile
 from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError, FormatError,
                          UnsupportedVersionError)
 from s4fs.testing import adversarial as A

@@ -23,13 +23,9 @@ from ._profiles import DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE, PROFILES, Gp
 _codecs.register()
 
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
-           "decompress_many", "decompress_planes", "prefers", "GpuProfile", "DEFAULT",
+           "decompress_many", "decompress_planes", "GpuProfile", "DEFAULT",
            "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version",
            "crc32_many", "xxh3_128_pieces", "release_memory"]
-
-# host buffers smaller than this stay on the CPU under device="auto"
-AUTO_MIN_HOST_BYTES = 1 << 20
-
 
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
@@ -68,23 +64,6 @@ def require() -> None:
 
 def nvcomp_version() -> tuple[int, int, int] | None:
     return _codecs.installed_nvcomp_version()
-
-
-def prefers(data) -> bool:
-    """Whether ``device="auto"`` should code ``data`` on the GPU: device-resident data
-    always; host buffers from ``AUTO_MIN_HOST_BYTES`` up (below, the copies and launches
-    cost more than the CPU codec)."""
-    mod = type(data).__module__
-    if mod.startswith("torch"):
-        if getattr(data, "is_cuda", False):
-            return True
-        return data.numel() * data.element_size() >= AUTO_MIN_HOST_BYTES
-    if mod.startswith("cupy") or hasattr(data, "__cuda_array_interface__"):
-        return True
-    try:
-        return memoryview(data).nbytes >= AUTO_MIN_HOST_BYTES
-    except TypeError:
-        return False
 
 
 def compress(data, dt, *, base=None, profile=None) -> bytes:

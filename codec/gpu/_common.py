@@ -1,11 +1,10 @@
 """Pieces the GPU encoder and decoder share: input staging, batched XXH3, batched copies,
-split/merge launches, the plane plan and the container header."""
+split/merge launches and the plane plan (the container header is ``codec._container``'s)."""
 
 from __future__ import annotations
 
 import functools
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -13,7 +12,6 @@ import numpy as np
 
 from s4fs.errors import CodecError
 
-from .. import _container as C
 from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType
@@ -87,7 +85,7 @@ class Staging:
 def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
     """A :class:`Buffer` for every device input; host inputs are added to ``staging``
     and come back as ``("host", offset, nbytes)`` until :func:`finish` places them."""
-    from .._core import as_bytes
+    from .._buffers import as_bytes
     out: list = []
     for data in datas:
         mod = type(data).__module__
@@ -382,16 +380,3 @@ def descriptors(jobs: list[Job], main: list[int], bases: list[int], scratch_ptr:
         for k, p in enumerate(body):
             r[K.D_PLANES + k] = scratch_ptr + p.off
     return d
-
-
-def container_header(dt_code: int, flags: int, layout: int, checksum: int,
-                     base_checksum: int | None, raw_len: int, planes) -> bytes:
-    """Exactly the header ``_container.pack`` writes before these planes' payloads."""
-    head = bytearray(C._FIXED.pack(C.MAGIC, C.MAJOR, C.MINOR, dt_code, flags, layout,
-                                   len(planes), checksum))
-    if flags & C.FLAG_DELTA:
-        head += struct.pack("<Q", base_checksum)
-    head += C._varint(raw_len)
-    for cid, major, raw, enc in planes:
-        head += bytes((cid, major)) + C._varint(raw) + C._varint(enc)
-    return bytes(head)

@@ -10,7 +10,6 @@ back in → XXH3 of every output checked on the device against its header.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +73,7 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
             host_mv.append(memoryview(blob).cast("B"))
     prefixes = dict(zip(dev, download_ranges(
         b, [(p, min(n, PREFIX)) for p, n in dev.values()], keep)))
-    heads = [C.unpack(mv) if mv is not None else _parse_prefix(prefixes[i], dev[i][1])
+    heads = [C.unpack(mv) if mv is not None else C.unpack(prefixes[i], whole=False, total=dev[i][1])
              for i, mv in enumerate(host_mv)]
     dts = [_check_head(i, h, bases[i] is not None or planes_only, planes_only)
            for i, h in enumerate(heads)]
@@ -145,41 +144,92 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
 
     # 4. planes into the scratch
     jobs = [plan(dt, lay, h.raw_len) for dt, lay, h in zip(dts, layouts, heads)]
+    const_dev = [(i, k) for i, row in enumerate(srcs) for k, s in enumerate(row)
+                 if s.host is None and s.cid == P.CONST and host_mv[i] is None
+                 and jobs[i].planes[k].raw]
+    const_val = dict(zip(const_dev, download_ranges(
+        b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)))
+    rows = []
+    for i, (j, row) in enumerate(zip(jobs, srcs)):
+        r = []
+        for k, (p, s) in enumerate(zip(j.planes, row)):
+            if p.raw == 0:
+                r.append(None)
+            elif s.host is not None:
+                r.append(("copy", b.ptr(staging.dev) + host_at[(i, k)]))
+            elif s.cid == P.RAW:
+                r.append(("copy", blob_ptr[i] + s.pos))
+            elif s.cid == P.CONST:
+                r.append(("fill", host_mv[i][s.pos] if host_mv[i] is not None
+                          else const_val[(i, k)][0]))
+            else:
+                r.append(("coded", CodecSpec(CODEC_NAMES[s.cid], s.head.option, s.head.chunk),
+                          s.head.sizes, blob_ptr[i] + s.pos + s.head.data_offset))
+        rows.append(r)
+    scratch = restore_planes(b, jobs, rows, keep, mark)
+    mark("nvcomp")
+
+    # 5. merge into the outputs, XOR-ing bases back in
+    out_dev, out_off = merge_planes(b, jobs, scratch, base_ptr, keep)
+    op = b.ptr(out_dev)
+    mark("merge")
+
+    # 6. checksums on the device
+    if out == "check":          # the encoder's self-check: which blobs restore exactly
+        return _verify(b, heads, [op + o for o in out_off], base_ptr, keep, report=True)
+    if verify and not planes_only:
+        _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
+        mark("checksum")
+    if out == "device":
+        b.synchronize()
+        return [b.view(out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
+    tot = out_off[-1] + heads[-1].raw_len
+    host = b.pinned(tot)
+    b.download(out_dev, 0, host[:tot])
+    b.synchronize()
+    mark("copy out")
+    views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
+    if out == "host":
+        return [memoryview(v) for v in views]
+    return [v.tobytes() for v in views]
+
+
+# --------------------------------------------------------------------------- device stages
+# (the encoder's self-check runs the same two stages over the blobs it just wrote)
+
+def restore_planes(b, jobs: list, rows: list, keep: list, mark=lambda stage: None):
+    """Every plane of every job into one scratch buffer (offsets from ``place``).
+
+    ``rows[i][k]`` says where plane k of job i comes from: ``("copy", ptr)`` (raw bytes
+    on the device), ``("fill", byte)`` (a constant plane) or ``("coded", spec, sizes,
+    ptr)`` (nvCOMP chunks of those compressed sizes, back to back from ``ptr``). Raw
+    copies and fills are one launch each; coded chunks are gathered to aligned addresses
+    and decoded in one nvCOMP batch per codec configuration.
+    """
     total, _ = place(jobs)
     scratch = b.empty(total)
     sp = b.ptr(scratch)
     keep.append(scratch)
     copies, fills = Segments(), Segments()
     batches: dict[CodecSpec, dict] = {}
-    const_dev: list[tuple[int, int]] = []
-    for i, (j, row) in enumerate(zip(jobs, srcs)):
-        for k, (p, s) in enumerate(zip(j.planes, row)):
+    for j, row in zip(jobs, rows):
+        for p, src in zip(j.planes, row):
             if p.raw == 0:
                 continue
-            if s.host is not None:
-                copies.add(b.ptr(staging.dev) + host_at[(i, k)], sp + p.off, p.raw)
-            elif s.cid == P.RAW:
-                copies.add(blob_ptr[i] + s.pos, sp + p.off, p.raw)
-            elif s.cid == P.CONST:
-                if host_mv[i] is not None:
-                    fills.add(sp + p.off, p.raw, host_mv[i][s.pos])
-                else:
-                    const_dev.append((i, k))
+            if src[0] == "copy":
+                copies.add(src[1], sp + p.off, p.raw)
+            elif src[0] == "fill":
+                fills.add(sp + p.off, p.raw, int(src[1]))
             else:
-                spec = CodecSpec(CODEC_NAMES[s.cid], s.head.option, s.head.chunk)
+                _, spec, sizes, ptr = src
                 bt = batches.setdefault(spec, {"sizes": [], "planes": []})
-                bt["sizes"].append(s.head.sizes)
-                bt["planes"].append((blob_ptr[i] + s.pos + s.head.data_offset, p.off, p.raw,
-                                     s.head.nchunks))
-    if const_dev:
-        vals = download_ranges(b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)
-        for (i, k), v in zip(const_dev, vals):
-            fills.add(sp + jobs[i].planes[k].off, jobs[i].planes[k].raw, v[0])
+                bt["sizes"].append(np.asarray(sizes, dtype=np.int64))
+                bt["planes"].append((ptr, p.off, p.raw, len(sizes)))
     copies.launch(b, keep)
     fills.launch(b, keep, "fill_segments")
     mark("raw planes")
     for spec, bt in batches.items():            # every chunk of a codec, vectorized
-        csize = np.concatenate(bt["sizes"]).astype(np.int64)
+        csize = np.concatenate(bt["sizes"])
         src0, off, raw, cnt = (np.asarray(x, dtype=np.int64) for x in zip(*bt["planes"]))
         idx = np.repeat(np.arange(len(cnt)), cnt)
         first = np.cumsum(cnt) - cnt
@@ -201,37 +251,21 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
         # nvCOMP queues its work on our stream; waiting here also keeps its batch
         # descriptors (freed when the call's Python objects go) from outliving the kernels
         b.synchronize()
+    return scratch
 
-    mark("nvcomp")
 
-    # 5. merge into the outputs, XOR-ing bases back in
+def merge_planes(b, jobs: list, scratch, base_ptr: list[int], keep: list):
+    """Merge every job's planes into one output buffer, XOR-ing bases (non-zero
+    pointers) back in; returns the buffer and each output's offset in it."""
     out_off, tot = [], 0
-    for h in heads:
+    for j in jobs:
         out_off.append(tot)
-        tot = round_up(tot + h.raw_len, ALIGN)
+        tot = round_up(tot + j.raw_len, ALIGN)
     out_dev = b.empty(tot)
     op = b.ptr(out_dev)
-    descs = descriptors(jobs, [op + o for o in out_off], base_ptr, sp)
+    descs = descriptors(jobs, [op + o for o in out_off], base_ptr, b.ptr(scratch))
     launch_planes(b, "merge", jobs, descs, 0, keep)
-    mark("merge")
-
-    # 6. checksums on the device
-    if out == "check":          # the encoder's self-check: which blobs restore exactly
-        return _verify(b, heads, [op + o for o in out_off], base_ptr, keep, report=True)
-    if verify and not planes_only:
-        _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
-        mark("checksum")
-    if out == "device":
-        b.synchronize()
-        return [b.view(out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
-    host = b.pinned(tot)
-    b.download(out_dev, 0, host[:tot])
-    b.synchronize()
-    mark("copy out")
-    views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
-    if out == "host":
-        return [memoryview(v) for v in views]
-    return [v.tobytes() for v in views]
+    return out_dev, out_off
 
 
 def _verify(b, heads, out_ptrs, base_ptr, keep, report: bool = False):
@@ -285,37 +319,6 @@ def _read_tables(b, srcs, heads, host_mv, dev, keep) -> None:
     tables = download_ranges(b, ranges, keep)
     for (i, s, raw), t in zip(want, tables):
         s.head = _payload.parse_table(t, s.enc, raw, P.codec_name(s.cid))
-
-
-def _parse_prefix(buf: bytes, total: int) -> C.Header:
-    """``_container.unpack`` for a blob of which only the first bytes were read."""
-    if len(buf) < C._FIXED.size:
-        return C.unpack(buf)
-    magic, major, minor, dcode, flags, layout, nplanes, checksum = C._FIXED.unpack_from(buf)
-    if magic != C.MAGIC or major != C.MAJOR:
-        return C.unpack(buf)            # raises the container's own error
-    mv = memoryview(buf)
-    pos = C._FIXED.size
-    bsum = None
-    if flags & C.FLAG_DELTA:
-        if len(buf) < pos + 8:
-            raise FormatError("blob is truncated inside its header")
-        (bsum,) = struct.unpack_from("<Q", buf, pos)
-        pos += 8
-    raw_len, pos = C._read_varint(mv, pos)
-    planes = []
-    for _ in range(nplanes):
-        if len(buf) < pos + 2:
-            raise FormatError("blob is truncated inside its header")
-        cid, cmaj = buf[pos], buf[pos + 1]
-        pr, pos = C._read_varint(mv, pos + 2)
-        pe, pos = C._read_varint(mv, pos)
-        planes.append(C.PlaneHeader(cid, cmaj, pr, pe))
-    end = pos + sum(p.enc_len for p in planes)
-    if end != total:
-        what = "truncated" if end > total else "followed by extra bytes"
-        raise FormatError(f"blob is {what}: header describes {end} bytes, got {total}")
-    return C.Header(dcode, flags, layout, checksum, bsum, raw_len, tuple(planes), pos)
 
 
 def _check_head(i: int, head: C.Header, has_base: bool, planes_only: bool) -> DType:

@@ -22,7 +22,7 @@ from .. import _planes
 from .._dtypes import DType, lookup
 from . import _payload
 from ._backend import CodecSpec, round_up
-from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging, container_header,
+from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging,
                       descriptors, entropy_bits, finish, gpu_layout, hash_buffers, launch_planes,
                       place, plan, resolve, sample_entropy)
 from ._profiles import DEFAULT, GpuProfile
@@ -206,7 +206,8 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     if profile.verify:
         # decode what was written, on the device, and check it against the checksums:
         # a blob that does not restore exactly is never handed out (the CPU codes it)
-        ok = _self_check(b, dev_blobs, [it[2] for it in items])
+        ok = _self_check(b, jobs, layouts, meta, op + blob_off[:-1], batches, bases,
+                         h_hash[: len(datas)], dev_blobs, [it[2] for it in items], keep)
         for i in (i for i, good in enumerate(ok) if not good):
             redo[i] = _cpu_blob(items[i][0], dts[i], items[i][2])
         mark("self-check")
@@ -230,19 +231,59 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, blobs: list, bases: list) -> list[bool]:
-    """Which blobs decode (on this device) to bytes matching their checksum."""
-    from ._decode import decompress_many
+def _self_check(b, jobs, layouts, meta, at, batches, bases, sums, blobs, base_items,
+                keep) -> list[bool]:
+    """Which blobs decode (on this device) to bytes matching their checksum.
+
+    The decoder's own device stages run over the blobs as assembled, described from what
+    the encoder already knows (no header parsing, no host reads): their planes restored
+    (raw copies, constant fills, every coded chunk decoded by nvCOMP), merged with the
+    bases, hashed; one readback of the hashes.
+    """
+    from ._decode import merge_planes, restore_planes
+    cjobs, rows = [], []
+    for j, (_, mlen, entries, _), pos in zip(jobs, layouts, at.tolist()):
+        pos += mlen
+        if entries is None:                  # stored as one raw plane
+            cjobs.append(plan(j.dt, _planes.FLAT, j.raw_len))
+            rows.append([("copy", pos)])
+            continue
+        row = []
+        for p, (kind, enc, where) in zip(j.planes, entries):
+            if kind == "raw":
+                row.append(("copy", pos))
+            elif kind == "const":
+                row.append(("fill", meta[where]))
+            else:
+                comp = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
+                row.append(("coded", p.spec, comp,
+                            pos + _payload.header_size(p.raw, p.spec.chunk)))
+            pos += enc
+        cjobs.append(plan(j.dt, j.layout, j.raw_len))
+        rows.append(row)
     try:
-        return decompress_many(blobs, bases, out="check", backend=b)
-    except CodecError:              # a chunk nvCOMP refused: find its blob
-        ok = []
-        for blob, base in zip(blobs, bases):
-            try:
-                ok += decompress_many([blob], [base], out="check", backend=b)
-            except CodecError:
-                ok.append(False)
-        return ok
+        scratch = restore_planes(b, cjobs, rows, keep)
+    except CodecError:              # a chunk nvCOMP refused: find its blob the long way
+        return _self_check_each(b, blobs, base_items)
+    out, offs = merge_planes(b, cjobs, scratch, [x.ptr if x else 0 for x in bases], keep)
+    optr = b.ptr(out)
+    d_got = hash_buffers(b, [optr + o for o in offs], [j.raw_len for j in cjobs], keep)
+    got = np.empty(len(cjobs), dtype=np.uint64)
+    b.download(d_got, 0, got.view(np.uint8))
+    b.synchronize()
+    return (got == sums).tolist()
+
+
+def _self_check_each(b, blobs: list, bases: list) -> list[bool]:
+    """The self-check blob by blob through the whole decoder (a batch that failed)."""
+    from ._decode import decompress_many
+    ok = []
+    for blob, base in zip(blobs, bases):
+        try:
+            ok += decompress_many([blob], [base], out="check", backend=b)
+        except CodecError:
+            ok.append(False)
+    return ok
 
 
 def _host_bytes(data) -> memoryview:
@@ -252,12 +293,12 @@ def _host_bytes(data) -> memoryview:
         import cupy
         return memoryview(cupy.asnumpy(cupy.ascontiguousarray(cupy.asarray(data))).reshape(-1)
                           .view(np.uint8))
-    from .._core import as_bytes
+    from .._buffers import as_bytes
     return as_bytes(data)
 
 
 def _cpu_blob(data, dt: DType, base) -> bytes:
-    from .._core import compress_cpu
+    from .._cpu import compress_cpu
     return compress_cpu(_host_bytes(data), dt,
                         base=None if base is None else _host_bytes(base))
 
@@ -266,7 +307,7 @@ def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
     """Pick each plane's coding and write every header into one metadata buffer.
 
     Returns per blob ``(meta offset, header length, entries or None, blob length)``
-    (``None``: stored as one raw plane, as ``_core.pack_chunk`` does when coding does
+    (``None``: stored as one raw plane, as ``_cpu.pack_chunk`` does when coding does
     not pay), the metadata bytes, and the delta blobs whose raw fallback needs the XOR.
     """
     meta = bytearray()
@@ -294,13 +335,12 @@ def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
                     continue
             planes.append((P.RAW, P.Raw.major, p.raw, p.raw))
             entries.append(["raw", p.raw, b""])
-        head = container_header(j.dt.code, flag_bits, j.layout, checksum, bsum, j.raw_len, planes)
+        head = C.header(j.dt.code, flag_bits, j.layout, checksum, bsum, j.raw_len, planes)
         planar = len(head) + sum(e[1] for e in entries)
-        vlen = max(1, (j.raw_len.bit_length() + 6) // 7)
-        flat = C._FIXED.size + (8 if bsum is not None else 0) + 3 * vlen + 2 + j.raw_len
+        flat = C.header_size(flag_bits, j.raw_len, [(j.raw_len, j.raw_len)]) + j.raw_len
         if planar >= flat or (j.layout == _planes.FLAT and entries[0][0] == "raw"):
-            flat_head = container_header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
-                                         j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
+            flat_head = C.header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
+                                 j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
             layouts.append((len(meta), len(flat_head), None, flat))
             meta += flat_head
             if bases[i] is not None and j.layout != _planes.FLAT:
