@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import threading
+from concurrent.futures import Future
 
 import xxhash
 
@@ -64,6 +65,38 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
     if cur:
         batches.append(cur)
     return batches
+
+
+class GpuDecoder:
+    """The pool a :class:`Fill` uses when the mount codes on the GPU: each batch is read
+    and decoded by ``s4fs.reader.decode_on_gpu`` on the process's GPU thread (every chunk
+    checked, delta chains level by level), then written at its file offsets."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+
+    def submit_decode(self, job) -> Future:
+        from s4fs.codec import _device
+        return _device.submit_gpu(self._decode, job)
+
+    def _decode(self, job) -> int:
+        from s4fs.reader import decode_on_gpu
+        from s4fs.workers import pwrite_all
+        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items])
+        fd = os.open(job.target, os.O_WRONLY)
+        try:
+            for ref, pieces in job.items:
+                arr = decoded[ref.key()]
+                data = arr.get() if hasattr(arr, "get") else arr      # CuPy: to the host
+                for coff, foff, n in pieces:
+                    pwrite_all(fd, data[coff: coff + n], foff)
+        finally:
+            os.close(fd)
+        return len(job.items)
+
+    @staticmethod
+    def result(fut, what: str, **_):
+        return fut.result()
 
 
 class _Ranges:

@@ -506,13 +506,14 @@ class Filesystem:
                           fill_fn=lambda: self.fill_for(m))
 
     def fill_for(self, m: Manifest):
-        """Decode version ``m`` ahead into the decoded cache, in the worker processes
-        (s4fs.fill): ``(fill, fd)`` for a reader — ``fill`` to wait on (None when the copy
-        is already whole), ``fd`` to read it — or None (then the reader decodes here)."""
+        """Decode version ``m`` ahead into the decoded cache, in the worker processes or
+        on the GPU (s4fs.fill): ``(fill, fd)`` for a reader — ``fill`` to wait on (None
+        when the copy is already whole), ``fd`` to read it — or None (then the reader
+        decodes here)."""
         from s4fs import fill as fill_mod
         ingest = self.cfg.ingest
-        if self.decoded is None or not ingest.processes or \
-                _device.pipeline(ingest.device) != "cpu" or \
+        where = _device.pipeline(ingest.device)
+        if self.decoded is None or (where == "cpu" and not ingest.processes) or \
                 m.size < fill_mod.MIN_SIZE or m.size > self.decoded.max_bytes:
             return None
         with self._lock:
@@ -522,10 +523,13 @@ class Filesystem:
                 if fd is not None:
                     return None, fd
                 from s4fs import workers
+                if where == "cuda":
+                    pool, batch = fill_mod.GpuDecoder(self.source), ingest.gpu_batch_bytes
+                else:
+                    pool, batch = workers.pool(ingest.workers, ingest.nice), ingest.batch_bytes
                 try:
-                    f = fill_mod.Fill(m, self.store, self.decoded,
-                                      workers.pool(ingest.workers, ingest.nice),
-                                      ingest.batch_bytes, self._fill_done)
+                    f = fill_mod.Fill(m, self.store, self.decoded, pool, batch,
+                                      self._fill_done)
                 except OSError as exc:
                     log.warning("cannot decode %s ahead: %s", m.id, exc)
                     return None

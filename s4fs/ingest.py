@@ -26,6 +26,7 @@ from typing import Callable
 import xxhash
 
 from s4fs import codec, keys, metrics
+from s4fs.codec import _container, _device
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
@@ -38,9 +39,14 @@ class IngestConfig:
     workers: int = max(2, os.cpu_count() or 2)
     max_pending_chunks: int = 0        # chunks being coded at once; 0: twice the workers
     max_uploads: int = 4
-    # The pipeline codes chunks on the CPU unless asked: the GPU codec is exact here but,
-    # fed one 4 MiB chunk at a time, slower than the CPU pool (docs/BENCHMARKS.md, H200).
+    # "cpu", "cuda" or "auto" (the GPU when one is usable: s4fs.codec._device.pipeline).
+    # On the GPU, chunks are coded in batches of about gpu_batch_bytes by one worker on
+    # the process's GPU thread (_GpuCoding); the API keeps the CPU unless asked.
     device: str = "cpu"
+    gpu_batch_bytes: int = 64 << 20
+    # the GPU profile's name (s4fs.codec.gpu.PROFILES): "default" codes planes with nvCOMP
+    # ANS (a GPU decodes them); "portable" writes blobs any CPU decodes
+    gpu_profile: str = "default"
     # background coding yields the CPU to the training job and to the FUSE requests it
     # waits on (a nice value for the coding threads; 0 keeps the normal priority)
     nice: int = 10
@@ -63,18 +69,32 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     is kept when it is tiny, or no larger than ``cfg.delta_min_gain`` of the full coding.
     The one rule for both the in-process pool and the worker processes (s4fs.workers)."""
     device = cfg.device if device is None else device
-    if base is None or base.raw != len(data) or base.depth >= cfg.max_delta_depth:
+    if not delta_candidate(base, len(data), cfg):
         return codec.compress(data, dtype, device=device), FULL
     base_raw = base_bytes()
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
     delta = codec.compress(data, dtype, base=base_raw, device=device)
-    if len(delta) < 0.25 * len(data):
+    if delta_is_tiny(len(delta), len(data)):
         return delta, DELTA
     full = codec.compress(data, dtype, device=device)
-    if len(delta) <= cfg.delta_min_gain * len(full):
+    if keep_delta(len(delta), len(full), cfg):
         return delta, DELTA
     return full, FULL
+
+
+def delta_candidate(base: ChunkRef | None, raw: int, cfg: IngestConfig) -> bool:
+    """Whether a chunk of ``raw`` bytes may be stored as a delta against ``base``."""
+    return base is not None and base.raw == raw and base.depth < cfg.max_delta_depth
+
+
+def delta_is_tiny(delta_len: int, raw: int) -> bool:
+    """A delta this small is kept without coding the chunk in full to compare."""
+    return delta_len < 0.25 * raw
+
+
+def keep_delta(delta_len: int, full_len: int, cfg: IngestConfig) -> bool:
+    return delta_len <= cfg.delta_min_gain * full_len
 
 
 def lower_priority(nice: int) -> None:
@@ -210,7 +230,11 @@ class IngestSession:
         self.started = time.time()
         # worker-process coding (s4fs.workers): the bytes stay in the spool file
         self._proc = None
-        if spool_path is not None and cfg.processes and cfg.device == "cpu":
+        self._gpu = None
+        where = _device.pipeline(cfg.device)
+        if where == "cuda":
+            self._gpu = _GpuCoding(self)
+        elif spool_path is not None and cfg.processes:
             self._proc = _ProcessCoding(self, spool_path, base_file)
 
     # --- input -------------------------------------------------------------------------
@@ -331,9 +355,16 @@ class IngestSession:
     # --- coding ------------------------------------------------------------------------
 
     def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None) -> None:
-        while len(self._pending) >= (self.cfg.max_pending_chunks or 2 * self.cfg.workers):
+        limit = self.cfg.max_pending_chunks or 2 * self.cfg.workers
+        if self._gpu is not None:       # room for one batch coding and the next filling
+            limit = max(limit, 2 * self._gpu.batch_chunks)
+        while len(self._pending) >= limit:
             self._drain_one()
-        fut = _Pools.codec(self.cfg.workers, self.cfg.nice).submit(self._encode, data, dtype, base)
+        if self._gpu is not None:
+            fut = self._gpu.add(data, dtype, base if self._source is not None else None)
+        else:
+            fut = _Pools.codec(self.cfg.workers, self.cfg.nice).submit(self._encode, data,
+                                                                      dtype, base)
         self._pending.append(_Pending(stream, fut))
 
     def _encode(self, data: bytes, dtype: str, base: ChunkRef | None):
@@ -348,6 +379,8 @@ class IngestSession:
 
     def _drain_one(self) -> None:
         p = self._pending.popleft()
+        if self._gpu is not None:
+            self._gpu.flush_if_holding(p.future)
         blob, base, sum_, raw = p.future.result()
         if blob is None:
             ref = base                                   # the very same chunk as the base
@@ -368,6 +401,8 @@ class IngestSession:
         if self._raw_buf:
             self._emit(self._raw, bytes(self._raw_buf), "bytes", None)
             self._raw_buf = bytearray()
+        if self._gpu is not None:
+            self._gpu.flush()
         while self._pending:
             self._drain_one()
         if self._proc is None and self._routed.digest() != self._hash.digest():
@@ -397,9 +432,116 @@ class IngestSession:
         for p in self._pending:
             p.future.cancel()
         self._pending.clear()
+        if self._gpu is not None:
+            self._gpu.drop()
         self.packs.abandon()
         if self._proc is not None:
             self._proc.abort()
+
+
+class _GpuCoding:
+    """The GPU worker of a session: chunks gathered into batches of about
+    ``cfg.gpu_batch_bytes`` and coded by one ``s4fs.codec.gpu.compress_many`` call each,
+    on the process's GPU thread, while the next batch fills. The choice of delta or full
+    coding is ``code_chunk``'s; a batch the GPU cannot code (out of memory, a driver
+    error) is coded on the CPU instead, with a warning, so a save never fails for it."""
+
+    def __init__(self, session: "IngestSession") -> None:
+        self.s = session
+        self.items: list[tuple] = []          # (data, dtype, base ref | None, Future)
+        self.nbytes = 0
+        cfg = session.cfg
+        self.batch_chunks = max(1, -(-cfg.gpu_batch_bytes // cfg.chunk_size))
+
+    def add(self, data, dtype: str, base: ChunkRef | None) -> Future:
+        fut: Future = Future()
+        self.items.append((data, dtype, base, fut))
+        self.nbytes += len(data)
+        if self.nbytes >= self.s.cfg.gpu_batch_bytes:
+            self.flush()
+        return fut
+
+    def flush_if_holding(self, fut: Future) -> None:
+        if any(it[3] is fut for it in self.items):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.items:
+            return
+        batch, self.items, self.nbytes = self.items, [], 0
+        _device.submit_gpu(_code_gpu_batch, batch, self.s.cfg, self.s._source)
+
+    def drop(self) -> None:
+        for *_, fut in self.items:
+            fut.cancel()
+        self.items, self.nbytes = [], 0
+
+
+def _code_gpu_batch(batch: list, cfg: IngestConfig, source) -> None:
+    """Code a batch on the GPU and resolve each chunk's Future with what
+    ``IngestSession._encode`` returns; runs on the GPU thread."""
+    try:
+        try:
+            results = _gpu_results(batch, cfg, source)
+        except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
+            import logging
+            logging.getLogger("s4fs.ingest").warning(
+                "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
+                len(batch), type(exc).__name__, exc)
+            results = [_cpu_result(data, dtype, base, cfg, source)
+                       for data, dtype, base, _ in batch]
+    except BaseException as exc:        # noqa: BLE001 - handed to the session
+        for *_, fut in batch:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(exc)
+        return
+    for (*_, fut), res in zip(batch, results):
+        if fut.set_running_or_notify_cancel():
+            fut.set_result(res)
+
+
+def _cpu_result(data, dtype, base, cfg, source):
+    sum_ = codec.checksum(data)
+    blob, kind = code_chunk(data, dtype, sum_, base, lambda: source.get(base), cfg,
+                            device="cpu")
+    return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, len(data)
+
+
+def _gpu_results(batch: list, cfg: IngestConfig, source) -> list:
+    from s4fs.codec import gpu
+    res: list = [None] * len(batch)
+    deltas, fulls = [], []                     # (index, base bytes, checksum) / index
+    for i, (data, _, base, _) in enumerate(batch):
+        if not delta_candidate(base, len(data), cfg):
+            fulls.append(i)
+            continue
+        sum_ = codec.checksum(data)
+        base_raw = source.get(base)
+        if base.checksum == sum_ and base_raw == data:
+            res[i] = (None, base, sum_, len(data))
+            continue
+        deltas.append((i, base_raw, sum_))
+    profile = gpu.PROFILES[cfg.gpu_profile]
+    blobs = gpu.compress_many([(batch[i][0], batch[i][1], b) for i, b, _ in deltas] +
+                              [(batch[i][0], batch[i][1]) for i in fulls], profile=profile,
+                              out="host")
+    again = []
+    for (i, _, sum_), blob in zip(deltas, blobs):
+        if delta_is_tiny(len(blob), len(batch[i][0])):
+            res[i] = (blob, batch[i][2], sum_, len(batch[i][0]))
+        else:
+            again.append((i, blob, sum_))
+    for i, blob in zip(fulls, blobs[len(deltas):]):
+        # the blob's header holds the chunk's XXH3-64, computed on the device
+        res[i] = (blob, None, _container.unpack(blob, whole=False).checksum, len(batch[i][0]))
+    if again:
+        full = gpu.compress_many([(batch[i][0], batch[i][1]) for i, _, _ in again],
+                                 profile=profile, out="host")
+        for (i, delta, sum_), f in zip(again, full):
+            keep = keep_delta(len(delta), len(f), cfg)
+            res[i] = (delta if keep else f, batch[i][2] if keep else None, sum_,
+                      len(batch[i][0]))
+    return res
 
 
 class _Chunk:

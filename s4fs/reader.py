@@ -48,6 +48,57 @@ class WholeFileHash:
         return h.hexdigest() == self._m.xxh128
 
 
+def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
+                  readers: int = 16) -> dict:
+    """The bytes of every chunk in ``refs`` decoded on the current CUDA device, as device
+    arrays keyed by ``ref.key()`` (their delta bases' too): bases decode before the
+    chunks written against them, level by level, in ``s4fs.codec.gpu.decompress_many``
+    batches of about ``batch_bytes``, the next batch's blobs read while one decodes.
+    Every blob is checked against the manifest's checksum and length before it is
+    decoded, and every output against its blob's checksum on the device."""
+    from s4fs.codec import gpu
+    todo: dict = {}
+    for ref in refs:
+        r = ref
+        while r is not None and r.key() not in todo:
+            todo[r.key()] = r
+            r = r.base
+    groups = [g for d in sorted({r.depth for r in todo.values()})
+              for g in _groups([r for r in todo.values() if r.depth == d], batch_bytes)]
+    decoded: dict = {}
+    with ThreadPoolExecutor(readers, thread_name_prefix="s4fs-load") as pool, \
+            ThreadPoolExecutor(1, thread_name_prefix="s4fs-load-ahead") as ahead:
+        def read(group):
+            return list(pool.map(lambda r: source.checked_blob(r), group))
+        nxt = ahead.submit(read, groups[0]) if groups else None
+        for k, group in enumerate(groups):
+            blobs = nxt.result()
+            if k + 1 < len(groups):
+                nxt = ahead.submit(read, groups[k + 1])
+            try:
+                outs = gpu.decompress_many(
+                    blobs, [decoded[r.base.key()] if r.base is not None else None
+                            for r in group], out="device")
+            except ChecksumError:
+                raise
+            except (codec.FormatError, codec.BaseMismatchError) as exc:
+                raise ChecksumError(f"a chunk of this file is corrupt: {exc}") from None
+            decoded.update((r.key(), o) for r, o in zip(group, outs))
+    return decoded
+
+
+def _groups(refs: list, limit: int):
+    group, size = [], 0
+    for r in refs:
+        if group and size + r.raw > limit:
+            yield group
+            group, size = [], 0
+        group.append(r)
+        size += r.raw
+    if group:
+        yield group
+
+
 class ChunkSource:
     def __init__(self, store: Store, *, cache_bytes: int = 256 << 20, device: str = "auto",
                  workers: int = 0, blob_cache=None) -> None:
@@ -118,7 +169,8 @@ class ChunkSource:
                 f"{ref.stored} bytes); the file cannot be read back intact")
         return blob
 
-    def _decode(self, ref: ChunkRef) -> bytes:
+    def checked_blob(self, ref: ChunkRef) -> bytes:
+        """``ref``'s blob, once its header matches what the manifest expects of it."""
         blob = self.fetch_blob(ref)
         try:
             head = _container.unpack(blob)
@@ -130,6 +182,10 @@ class ChunkSource:
             raise ChecksumError(
                 f"chunk at {ref.pack}@{ref.offset} is not the one the manifest expects "
                 f"(checksum mismatch); the store is corrupt")
+        return blob
+
+    def _decode(self, ref: ChunkRef) -> bytes:
+        blob = self.checked_blob(ref)
         base = self.get(ref.base) if ref.base is not None else None
         try:
             return codec.decompress(blob, base=base, device=self.device)

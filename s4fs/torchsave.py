@@ -659,7 +659,8 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
     decoded on the device (delta chains level by level), anything else read on the host
     and copied up."""
     import torch
-    from s4fs.codec import gpu
+
+    from s4fs.reader import decode_on_gpu
     by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
     out: dict[str, object] = {}
     plans = []                                  # (record name, stream)
@@ -676,30 +677,9 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
             if n:
                 t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
             out[name] = t
-    refs = {}
-    for _, s in plans:
-        for c in s.chunks:
-            r = c
-            while r is not None:
-                refs.setdefault(r.key(), r)
-                r = r.base
-    # blobs are read a batch ahead of the batch being decoded; bases decode first
-    depths = sorted({r.depth for r in refs.values()})
-    groups = [g for d in depths
-              for g in _batches([r for r in refs.values() if r.depth == d], LOAD_BATCH_BYTES)]
-    decoded: dict = {}
-    with cf.ThreadPoolExecutor(16, thread_name_prefix="s4fs-load") as readers, \
-            cf.ThreadPoolExecutor(1) as ahead, torch.cuda.device(dev):
-        def read(group):
-            return list(readers.map(fs.source.fetch_blob, group))
-        nxt = ahead.submit(read, groups[0]) if groups else None
-        for k, group in enumerate(groups):
-            blobs = nxt.result()
-            if k + 1 < len(groups):
-                nxt = ahead.submit(read, groups[k + 1])
-            outs = gpu.decompress_many(blobs, [decoded[r.base.key()] if r.base is not None
-                                               else None for r in group], out="device")
-            decoded.update((r.key(), o) for r, o in zip(group, outs))
+    refs = [c for _, s in plans for c in s.chunks]
+    with torch.cuda.device(dev):
+        decoded = decode_on_gpu(fs.source, refs, batch_bytes=LOAD_BATCH_BYTES)
         stages.mark("read + decode (GPU)")
         for name, s in plans:
             n = s.length
@@ -721,15 +701,3 @@ def _stream_at(m, sidx: int, off: int, n: int) -> bool:
         if s == sidx:
             return e_off == off and e_len == n and s_off == 0
     return n == 0
-
-
-def _batches(refs: list, limit: int = GPU_BATCH_BYTES):
-    group, size = [], 0
-    for r in refs:
-        if group and size + r.raw > limit:
-            yield group
-            group, size = [], 0
-        group.append(r)
-        size += r.raw
-    if group:
-        yield group

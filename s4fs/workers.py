@@ -201,7 +201,7 @@ class DecodeJob:
     items: tuple
 
 
-def _pwrite_all(fd: int, data, offset: int) -> None:
+def pwrite_all(fd: int, data, offset: int) -> None:
     mv = memoryview(data)
     while len(mv):
         n = os.pwrite(fd, mv, offset)
@@ -218,7 +218,7 @@ def decode_batch(job: DecodeJob) -> int:
         for ref, pieces in job.items:
             data = memoryview(src.get(ref))
             for coff, foff, n in pieces:
-                _pwrite_all(fd, data[coff: coff + n], foff)
+                pwrite_all(fd, data[coff: coff + n], foff)
     finally:
         os.close(fd)
     return len(job.items)

@@ -244,3 +244,47 @@ def test_real_series_through_the_mount(mount_factory, tmp_path):
     with open(os.path.join(run, "ckpt_40.pt"), "rb") as f:
         got = hashlib.sha256(f.read()).hexdigest()
     assert got == hashlib.sha256((twins / "ckpt_40.pt").read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- GPU worker
+
+from emulated_gpu import emulated_gpu  # noqa: E402
+
+
+def test_gpu_worker_codes_in_batches_with_deltas(tmp_path, monkeypatch):
+    calls = emulated_gpu(monkeypatch)
+    fs = make_fs(tmp_path / "s", device="cuda", gpu_profile="portable",
+                 gpu_batch_bytes=1 << 19)
+    data = series(3)
+    for i, d in enumerate(data):
+        put(fs, f"run/ckpt_{i}.pt", d)
+    assert calls["encode"] and max(calls["encode"]) > 1     # chunks went up in batches
+    sizes = [fs.manifest(f"run/ckpt_{i}.pt").stored_bytes() for i in range(3)]
+    assert all(s < 0.6 * sizes[0] for s in sizes[1:]), sizes
+    r = file_report(fs, "run/ckpt_2.pt")
+    assert r["base"] == "run/ckpt_1.pt" and r["stored_delta"] > 0
+    fs.close()
+    fresh = Filesystem(LocalStore(tmp_path / "s"))    # portable blobs: any CPU reads them
+    for i, d in enumerate(data):
+        assert get(fresh, f"run/ckpt_{i}.pt") == d
+    fresh.close()
+
+
+def test_gpu_worker_failure_codes_on_the_cpu(tmp_path, monkeypatch, caplog):
+    from s4fs.codec import gpu
+    emulated_gpu(monkeypatch)
+
+    def broken(items, **kw):
+        raise MemoryError("out of memory allocating 64 MiB on the device")
+    monkeypatch.setattr(gpu, "compress_many", broken)
+    fs = make_fs(tmp_path / "s", device="cuda", gpu_batch_bytes=1 << 19)
+    data = series(2)
+    with caplog.at_level("WARNING", logger="s4fs.ingest"):
+        for i, d in enumerate(data):
+            put(fs, f"run/ckpt_{i}.pt", d)
+    assert "coding it on the CPU" in caplog.text
+    for i, d in enumerate(data):
+        assert get(fs, f"run/ckpt_{i}.pt") == d
+    assert fs.manifest("run/ckpt_1.pt").stored_bytes() < 0.6 * \
+        fs.manifest("run/ckpt_0.pt").stored_bytes()
+    fs.close()

@@ -172,7 +172,7 @@ def test_golden_fixtures_are_what_they_claim():
 
 def test_profile_config_round_trips():
     from s4fs.codec.gpu import PROFILES, GpuProfile
-    assert set(PROFILES) == {"default", "float", "gdeflate-mantissa", "portable"}
+    assert set(PROFILES) == {"default", "float", "gdeflate-mantissa", "portable", "zero-runs"}
     for p in PROFILES.values():
         assert GpuProfile.from_config(json.loads(json.dumps(p.get_config()))) == p
     with pytest.raises(ValueError):
@@ -235,7 +235,8 @@ def test_emulated_xxh3_matches_xxhash(emu):
     assert [int(g) for g in got] == want
 
 
-@pytest.mark.parametrize("profile", ["default", "float", "portable", "gdeflate-mantissa"])
+@pytest.mark.parametrize("profile", ["default", "float", "portable", "gdeflate-mantissa",
+                                     "zero-runs"])
 def test_emulated_pipeline_round_trips_every_adversarial_set(emu, profile):
     from s4fs.codec.gpu import PROFILES, _decode, _encode
     prof = PROFILES[profile]
@@ -249,6 +250,21 @@ def test_emulated_pipeline_round_trips_every_adversarial_set(emu, profile):
     if prof.portable:          # every plane is raw, const or deflate: any CPU reads it
         for (name, _, data, base), blob in zip(cases, blobs):
             assert decompress(blob, base=base, device="cpu") == data, name
+
+
+def test_emulated_zero_runs_take_gdeflate_and_round_trip(emu):
+    """Optimizer state with long zero stretches: under ``zero-runs`` the zero-heavy planes
+    are GDeflate-coded (LZ), the others keep ANS, and every byte comes back."""
+    from s4fs.codec.gpu import PROFILES, _decode, _encode
+    rng = np.random.default_rng(11)
+    sq = (rng.standard_normal(200_000).astype(np.float32) * 1e-3) ** 2
+    sq[: 200_000 * 44 // 100] = 0
+    dense = (rng.standard_normal(200_000) * 0.02).astype(np.float32)
+    items = [(sq.tobytes(), "float32"), (dense.tobytes(), "float32")]
+    blobs = _encode.compress_many(items, profile=PROFILES["zero-runs"], backend=emu)
+    assert _decode.decompress_many(blobs, backend=emu) == [x for x, _ in items]
+    assert "nvcomp-gdeflate" in {p["codec"] for p in inspect(blobs[0]).planes}
+    assert "nvcomp-gdeflate" not in {p["codec"] for p in inspect(blobs[1]).planes}
 
 
 def test_emulated_planes_are_the_cpu_planes(emu):
@@ -363,7 +379,8 @@ def test_emulated_self_check_replaces_blobs_that_do_not_restore(emu):
 
 # --------------------------------------------------------------------------- on a GPU
 
-PROFILE_NAMES = ["default", "float", "portable", "gdeflate-mantissa", "sm-raw", "unchecked"]
+PROFILE_NAMES = ["default", "float", "portable", "gdeflate-mantissa", "zero-runs", "sm-raw",
+                 "unchecked"]
 
 
 def _profile(name):

@@ -37,7 +37,8 @@ def save(fs: Filesystem, path: str, data: bytes, *, step: int = 1 << 20, keep=Fa
     sp = Spool(fs.spool_dir, path)
     sp.write(0, data)
     s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)
-    assert s._proc is not None, "the session should code in worker processes"
+    assert s._proc is not None or s._gpu is not None, \
+        "the session should code in worker processes (or on the GPU)"
     try:
         pos = 0
         while pos < len(data):
@@ -461,5 +462,43 @@ def test_decode_ahead_with_readers_on_many_threads(tmp_path):
         finally:
             r.release()
         assert b"".join(got[o] for o in sorted(got)) == data
+    finally:
+        other.close()
+
+
+def test_gpu_mount_decodes_ahead_on_the_gpu(tmp_path, monkeypatch):
+    """A node whose mount codes on the GPU decodes a cold file ahead on the GPU (batches
+    through a delta chain) and reads back exact bytes; here on the emulated GPU."""
+    from emulated_gpu import emulated_gpu
+    log = emulated_gpu(monkeypatch)
+    gpu_cfg = dict(device="cuda", gpu_profile="portable", gpu_batch_bytes=2 << 20)
+    fs = make_fs(tmp_path, **gpu_cfg)
+    sd = adversarial_state(2)
+    series = []
+    try:
+        for step in range(3):
+            series.append(torch_bytes(sd))
+            save(fs, "ckpt.pt", series[-1])
+            sd["f32"][::7] += 1
+    finally:
+        fs.close()
+    assert log["encode"], "the GPU worker coded nothing"
+    other = Filesystem(LocalStore(str(tmp_path / "store")),
+                       FsConfig(ingest=IngestConfig(**gpu_cfg), cache_dir=str(tmp_path / "c")))
+    try:
+        m = other.manifest("ckpt.pt")
+        assert m.base is not None                        # a delta chain to follow
+        r = other.open_read("ckpt.pt")
+        try:
+            assert torch_load_pattern(r, r.size) == series[-1]
+            assert r._fill is not None or r._fd is not None, "no decode ahead started"
+        finally:
+            r.release()
+        assert log["decode"], "nothing was decoded on the GPU"
+        deadline = time.monotonic() + 30
+        while other.decoded.path_of(m.id) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(other.decoded.path_of(m.id), "rb") as f:
+            assert f.read() == series[-1]
     finally:
         other.close()

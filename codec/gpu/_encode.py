@@ -29,6 +29,8 @@ from ._profiles import DEFAULT, GpuProfile
 
 log = logging.getLogger("s4fs.codec.gpu")
 
+ZERO_RUN_ALGORITHM = 1      # nvCOMP GDeflate with LZ matches, for planes with zero runs
+
 
 def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes",
                   backend=None, timer=None) -> list:
@@ -102,10 +104,14 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
 
     # constant planes and planes the codec cannot shrink skip it
     bits = entropy_bits(h_hist)
-    for k, h in zip(coded, bits):
+    rows = h_hist.reshape(-1, 256)
+    zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
+    for k, h, z in zip(coded, bits, zero_share):
         p = planes[k]
         if h_flags[k] == 0 or h >= profile.max_entropy:
             p.spec = None
+        elif profile.zero_runs == "gdeflate" and z >= profile.zero_share:
+            p.spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, p.spec.chunk)
 
     # one nvCOMP batch per codec configuration, over every chunk of its planes
     batches: dict[CodecSpec, dict] = {}

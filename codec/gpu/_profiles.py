@@ -25,6 +25,10 @@ class GpuProfile:
     ``max_entropy``: planes whose sampled order-0 entropy is at least this many bits
     per byte are stored raw without trying the codec (ANS cannot beat the entropy).
     ``ans_states``: nvCOMP ANS interleaved states per lane (0: nvCOMP's choice).
+    ``zero_runs``: ``"gdeflate"`` codes planes in which at least ``zero_share`` of the
+    sampled bytes are zero with nvCOMP GDeflate's LZ mode (algorithm 1) instead of the
+    plane's codec: runs of zeros (optimizer state of rows that saw no gradient, deltas)
+    cost ANS a fixed amount per chunk, LZ almost nothing; ``"off"`` keeps the role's codec.
     ``verify``: decode every blob on the device right after writing it and check it
     against its checksum; a blob that does not restore exactly is coded on the CPU
     instead (nvCOMP's ANS output is not byte-for-byte repeatable, and one benchmark run
@@ -43,9 +47,11 @@ class GpuProfile:
     gdeflate_algorithm: int = 0
     deflate_algorithm: int = 0
     ans_states: int = 0
-    chunk: int = 1 << 16
+    chunk: int = 1 << 18
     layout: str = "sm"
     max_entropy: float = 7.75
+    zero_runs: str = "off"
+    zero_share: float = 0.25
     verify: bool = True
 
     def __post_init__(self) -> None:
@@ -54,6 +60,8 @@ class GpuProfile:
         for role in (self.exponent, self.mantissa, self.other):
             if role not in CODECS:
                 raise ValueError(f"unknown GPU plane codec {role!r}; use one of {CODECS}")
+        if self.zero_runs not in ("off", "gdeflate"):
+            raise ValueError(f"zero_runs must be 'off' or 'gdeflate', not {self.zero_runs!r}")
         if self.chunk <= 0 or self.chunk % 256 or self.chunk > 1 << 24:
             raise ValueError("chunk must be a positive multiple of 256 bytes, at most 16 MiB")
 
@@ -81,4 +89,7 @@ GDEFLATE_MANTISSA = GpuProfile(name="gdeflate-mantissa", layout="float", mantiss
 PORTABLE = GpuProfile(name="portable", layout="float", exponent="deflate", mantissa="deflate",
                       other="deflate")
 
-PROFILES = {p.name: p for p in (DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE)}
+# the default, with GDeflate's LZ mode on planes with many zero bytes (optimizer state)
+ZERO_RUNS = GpuProfile(name="zero-runs", zero_runs="gdeflate")
+
+PROFILES = {p.name: p for p in (DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE, ZERO_RUNS)}
