@@ -21,7 +21,7 @@ run 150 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
 fi
 if [ "$what" = profiles ]; then
 run 280 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 2 \
-    --profiles default,default:verify=false,default:ans_states=1,zero-runs,default:chunk=65536
+    --profiles default,default:verify=false,zero-runs,default:chunk=65536
 fi
 if [ "$what" = mount ]; then
 for dev in cpu cuda; do

@@ -377,6 +377,27 @@ def test_emulated_self_check_replaces_blobs_that_do_not_restore(emu):
         _decode.decompress_many(unchecked, backend=emu)
 
 
+def test_emulated_self_check_reads_what_the_header_says(emu, monkeypatch):
+    """The self-check decodes each blob from its written header, not from what the
+    encoder meant: a payload table that lies about its chunk sizes is caught, and the
+    blob is coded on the CPU instead."""
+    from s4fs.codec.gpu import _decode, _encode, _payload
+    real = _payload.pack_header
+
+    def lying(version, option, chunk, sizes):
+        sizes = np.asarray(sizes).copy()
+        sizes[0] += 1
+        return real(version, option, chunk, sizes)
+    monkeypatch.setattr(_payload, "pack_header", lying)
+    rng = np.random.default_rng(9)
+    datas = [(rng.standard_normal(40_000) * 0.02).astype(np.float32).tobytes() for _ in range(2)]
+    blobs = _encode.compress_many([(d, "float32") for d in datas], backend=emu)
+    monkeypatch.setattr(_payload, "pack_header", real)
+    assert _decode.decompress_many(blobs, backend=emu) == datas
+    for blob in blobs:                            # came from the CPU: no nvCOMP planes
+        assert not {p["codec"] for p in inspect(blob).planes} & {"nvcomp-ans", "nvcomp-deflate"}
+
+
 # --------------------------------------------------------------------------- on a GPU
 
 PROFILE_NAMES = ["default", "float", "portable", "gdeflate-mantissa", "zero-runs", "sm-raw",

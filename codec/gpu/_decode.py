@@ -163,8 +163,8 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
                 r.append(("fill", host_mv[i][s.pos] if host_mv[i] is not None
                           else const_val[(i, k)][0]))
             else:
-                r.append(("coded", CodecSpec(CODEC_NAMES[s.cid], s.head.option, s.head.chunk),
-                          s.head.sizes, blob_ptr[i] + s.pos + s.head.data_offset))
+                r.append(("coded", spec_for(s.cid, s.head), s.head.sizes,
+                          blob_ptr[i] + s.pos + s.head.data_offset))
         rows.append(r)
     scratch = restore_planes(b, jobs, rows, keep, mark)
     mark("nvcomp")
@@ -192,6 +192,12 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     if out == "host":
         return [memoryview(v) for v in views]
     return [v.tobytes() for v in views]
+
+
+def spec_for(cid: int, head: _payload.PayloadHeader) -> CodecSpec:
+    """The nvCOMP configuration that decodes a plane: what its payload header records,
+    nothing else (the encoder's self-check decodes with it too)."""
+    return CodecSpec(CODEC_NAMES[cid], head.option, head.chunk)
 
 
 # --------------------------------------------------------------------------- device stages

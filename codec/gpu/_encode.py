@@ -19,7 +19,7 @@ from s4fs.errors import CodecError
 from .. import _container as C
 from .. import _plane_codecs as P
 from .. import _planes
-from .._dtypes import DType, lookup
+from .._dtypes import DType, from_code, lookup
 from . import _payload
 from ._backend import CodecSpec, round_up
 from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging,
@@ -212,8 +212,8 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     if profile.verify:
         # decode what was written, on the device, and check it against the checksums:
         # a blob that does not restore exactly is never handed out (the CPU codes it)
-        ok = _self_check(b, jobs, layouts, meta, op + blob_off[:-1], batches, bases,
-                         h_hash[: len(datas)], dev_blobs, [it[2] for it in items], keep)
+        ok = _self_check(b, layouts, meta, op + blob_off[:-1], bases, h_hash[: len(datas)],
+                         dev_blobs, [it[2] for it in items], keep)
         for i in (i for i, good in enumerate(ok) if not good):
             redo[i] = _cpu_blob(items[i][0], dts[i], items[i][2])
         mark("self-check")
@@ -237,39 +237,21 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, jobs, layouts, meta, at, batches, bases, sums, blobs, base_items,
-                keep) -> list[bool]:
+def _self_check(b, layouts, meta, at, bases, sums, blobs, base_items, keep) -> list[bool]:
     """Which blobs decode (on this device) to bytes matching their checksum.
 
-    The decoder's own device stages run over the blobs as assembled, described from what
-    the encoder already knows (no header parsing, no host reads): their planes restored
-    (raw copies, constant fills, every coded chunk decoded by nvCOMP), merged with the
-    bases, hashed; one readback of the hashes.
+    Each blob is read as the decoder reads it, from the header bytes it was given (the
+    container header, constant bytes and nvCOMP payload tables, parsed from the host copy
+    they were gathered from, so no device reads): its planes restored by the decoder's
+    own device stages (raw copies, constant fills, every coded chunk decoded by nvCOMP
+    with the configuration its payload records), merged with the bases, hashed; one
+    readback of the hashes.
     """
     from ._decode import merge_planes, restore_planes
-    cjobs, rows = [], []
-    for j, (_, mlen, entries, _), pos in zip(jobs, layouts, at.tolist()):
-        pos += mlen
-        if entries is None:                  # stored as one raw plane
-            cjobs.append(plan(j.dt, _planes.FLAT, j.raw_len))
-            rows.append([("copy", pos)])
-            continue
-        row = []
-        for p, (kind, enc, where) in zip(j.planes, entries):
-            if kind == "raw":
-                row.append(("copy", pos))
-            elif kind == "const":
-                row.append(("fill", meta[where]))
-            else:
-                comp = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
-                row.append(("coded", p.spec, comp,
-                            pos + _payload.header_size(p.raw, p.spec.chunk)))
-            pos += enc
-        cjobs.append(plan(j.dt, j.layout, j.raw_len))
-        rows.append(row)
     try:
+        cjobs, rows = _as_read(layouts, meta, at)
         scratch = restore_planes(b, cjobs, rows, keep)
-    except CodecError:              # a chunk nvCOMP refused: find its blob the long way
+    except CodecError:      # a header or chunk the decoder refuses: find its blob the long way
         return _self_check_each(b, blobs, base_items)
     out, offs = merge_planes(b, cjobs, scratch, [x.ptr if x else 0 for x in bases], keep)
     optr = b.ptr(out)
@@ -278,6 +260,35 @@ def _self_check(b, jobs, layouts, meta, at, batches, bases, sums, blobs, base_it
     b.download(d_got, 0, got.view(np.uint8))
     b.synchronize()
     return (got == sums).tolist()
+
+
+def _as_read(layouts, meta, at):
+    """The decoder's plan and plane sources of every assembled blob, from its header bytes."""
+    from ._decode import spec_for
+    mv = memoryview(meta)
+    cjobs, rows = [], []
+    for (moff, mlen, entries, blen), pos in zip(layouts, at.tolist()):
+        head = C.unpack(mv[moff: moff + mlen], whole=False, total=blen)
+        pos += head.payload_offset
+        if entries is None:
+            entries = [("raw", head.raw_len, 0)]
+        cjobs.append(plan(from_code(head.dtype_code), head.layout, head.raw_len))
+        row = []
+        for ph, (_, _, where) in zip(head.planes, entries):
+            if ph.codec_id == P.RAW:
+                row.append(("copy", pos))
+            elif ph.codec_id == P.CONST:
+                row.append(("fill", meta[where]))
+            else:
+                name = P.codec_name(ph.codec_id)
+                ptab = _payload.parse_table(mv[where: where + _payload.header_size(
+                    ph.raw_len, _payload.FIXED.unpack_from(mv, where)[4])], ph.enc_len,
+                    ph.raw_len, name)
+                row.append(("coded", spec_for(ph.codec_id, ptab), ptab.sizes,
+                            pos + ptab.data_offset))
+            pos += ph.enc_len
+        rows.append(row)
+    return cjobs, rows
 
 
 def _self_check_each(b, blobs: list, bases: list) -> list[bool]:

@@ -24,7 +24,9 @@ class GpuProfile:
 
     ``max_entropy``: planes whose sampled order-0 entropy is at least this many bits
     per byte are stored raw without trying the codec (ANS cannot beat the entropy).
-    ``ans_states``: nvCOMP ANS interleaved states per lane (0: nvCOMP's choice).
+    ``ans_states``: nvCOMP ANS interleaved states per lane; only 0 (nvCOMP's choice) is
+    accepted: the ANS payload does not record the setting, and nvCOMP decodes other
+    settings wrong without it (measured on the H200: checksum mismatches on fp32).
     ``zero_runs``: ``"gdeflate"`` codes planes in which at least ``zero_share`` of the
     sampled bytes are zero with nvCOMP GDeflate's LZ mode (algorithm 1) instead of the
     plane's codec: runs of zeros (optimizer state of rows that saw no gradient, deltas)
@@ -60,6 +62,9 @@ class GpuProfile:
         for role in (self.exponent, self.mantissa, self.other):
             if role not in CODECS:
                 raise ValueError(f"unknown GPU plane codec {role!r}; use one of {CODECS}")
+        if self.ans_states != 0:
+            raise ValueError("ans_states must be 0: ANS planes do not record the setting, so "
+                             "nothing could decode them")
         if self.zero_runs not in ("off", "gdeflate"):
             raise ValueError(f"zero_runs must be 'off' or 'gdeflate', not {self.zero_runs!r}")
         if self.chunk <= 0 or self.chunk % 256 or self.chunk > 1 << 24:
