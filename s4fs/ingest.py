@@ -231,9 +231,8 @@ class IngestSession:
         # worker-process coding (s4fs.workers): the bytes stay in the spool file
         self._proc = None
         self._gpu = None
-        where = _device.pipeline(cfg.device)
-        if where == "cuda":
-            self._gpu = _GpuCoding(self)
+        if _device.pipeline(cfg.device) == "cuda":
+            self._gpu = _GpuCoding(self, _BaseFile(base, base_file))
         elif spool_path is not None and cfg.processes:
             self._proc = _ProcessCoding(self, spool_path, base_file)
 
@@ -325,7 +324,10 @@ class IngestSession:
     def _emit_tensor(self, chunk) -> None:
         idx = len(self._tensor.chunks) + sum(1 for p in self._pending if p.stream is self._tensor)
         base = self._base_chunk(idx)
-        self._emit(self._tensor, chunk, self._tensor.dtype, base)
+        where = None
+        if self._gpu is not None and base is not None:
+            where = self._gpu.bases.range_of(self._tensor_base, idx)
+        self._emit(self._tensor, chunk, self._tensor.dtype, base, where)
 
     def _base_chunk(self, idx: int) -> ChunkRef | None:
         if self._tensor_base is not None and idx < len(self._tensor_base.chunks):
@@ -354,14 +356,15 @@ class IngestSession:
 
     # --- coding ------------------------------------------------------------------------
 
-    def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None) -> None:
+    def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None,
+              where: tuple[int, int] | None = None) -> None:
         limit = self.cfg.max_pending_chunks or 2 * self.cfg.workers
         if self._gpu is not None:       # room for one batch coding and the next filling
             limit = max(limit, 2 * self._gpu.batch_chunks)
         while len(self._pending) >= limit:
             self._drain_one()
         if self._gpu is not None:
-            fut = self._gpu.add(data, dtype, base if self._source is not None else None)
+            fut = self._gpu.add(data, dtype, base if self._source is not None else None, where)
         else:
             fut = _Pools.codec(self.cfg.workers, self.cfg.nice).submit(self._encode, data,
                                                                       dtype, base)
@@ -439,37 +442,68 @@ class IngestSession:
             self._proc.abort()
 
 
+class _BaseFile:
+    """Where the chunks of the base version lie in its decoded copy on local disk (the
+    file a delta's base bytes are read from, instead of decoding them again)."""
+
+    def __init__(self, base: Manifest | None, path: str | None) -> None:
+        self.path = path if base is not None else None
+        self._ext: dict[int, list[tuple[int, int, int]]] = {}
+        self._idx: dict[int, int] = {}
+        if self.path is not None:
+            for foff, n, sidx, soff in base.extents:
+                self._ext.setdefault(sidx, []).append((soff, foff, n))
+            self._idx = {id(st): i for i, st in enumerate(base.streams)}
+
+    def range_of(self, stream: Stream | None, idx: int) -> tuple[int, int] | None:
+        """(file offset, length) of chunk ``idx`` of base ``stream``, if in one extent."""
+        if not self._ext or stream is None:
+            return None
+        sidx = self._idx.get(id(stream))
+        soff = stream.starts()[idx]
+        n = stream.chunks[idx].raw
+        for es, fo, en in self._ext.get(sidx, ()):
+            if es <= soff and soff + n <= es + en:
+                return (fo + soff - es, n)
+        return None
+
+
 class _GpuCoding:
     """The GPU worker of a session: chunks gathered into batches of about
-    ``cfg.gpu_batch_bytes`` and coded by one ``s4fs.codec.gpu.compress_many`` call each,
-    on the process's GPU thread, while the next batch fills. The choice of delta or full
-    coding is ``code_chunk``'s; a batch the GPU cannot code (out of memory, a driver
-    error) is coded on the CPU instead, with a warning, so a save never fails for it."""
+    ``cfg.gpu_batch_bytes``; each batch gets its delta bases (read from the base
+    version's decoded copy where there is one) on the codec pool, then is coded by one or
+    two ``s4fs.codec.gpu.compress_many`` calls on the process's GPU thread while the next
+    batch fills. The choice of delta or full coding is ``code_chunk``'s; a batch the GPU
+    cannot code (out of memory, a driver error) is coded on the CPU instead, with a
+    warning, so a save never fails for it."""
 
-    def __init__(self, session: "IngestSession") -> None:
+    def __init__(self, session: "IngestSession", bases: _BaseFile) -> None:
         self.s = session
-        self.items: list[tuple] = []          # (data, dtype, base ref | None, Future)
+        self.bases = bases
+        self.items: list[tuple] = []          # (data, dtype, base ref, where, Future)
         self.nbytes = 0
         cfg = session.cfg
         self.batch_chunks = max(1, -(-cfg.gpu_batch_bytes // cfg.chunk_size))
 
-    def add(self, data, dtype: str, base: ChunkRef | None) -> Future:
+    def add(self, data, dtype: str, base: ChunkRef | None, where) -> Future:
         fut: Future = Future()
-        self.items.append((data, dtype, base, fut))
+        self.items.append((data, dtype, base, where, fut))
         self.nbytes += len(data)
         if self.nbytes >= self.s.cfg.gpu_batch_bytes:
             self.flush()
         return fut
 
     def flush_if_holding(self, fut: Future) -> None:
-        if any(it[3] is fut for it in self.items):
+        if any(it[-1] is fut for it in self.items):
             self.flush()
 
     def flush(self) -> None:
         if not self.items:
             return
         batch, self.items, self.nbytes = self.items, [], 0
-        _device.submit_gpu(_code_gpu_batch, batch, self.s.cfg, self.s._source)
+        cfg = self.s.cfg
+        _Pools.codec(cfg.workers, cfg.nice).submit(_code_gpu_batch, batch, cfg, self.s._source,
+                                                  self.bases.path)
 
     def drop(self) -> None:
         for *_, fut in self.items:
@@ -477,19 +511,19 @@ class _GpuCoding:
         self.items, self.nbytes = [], 0
 
 
-def _code_gpu_batch(batch: list, cfg: IngestConfig, source) -> None:
-    """Code a batch on the GPU and resolve each chunk's Future with what
-    ``IngestSession._encode`` returns; runs on the GPU thread."""
+def _code_gpu_batch(batch: list, cfg: IngestConfig, source, base_path) -> None:
+    """Code one batch and resolve each chunk's Future with what ``IngestSession._encode``
+    returns (runs on the codec pool; the coding itself on the GPU thread)."""
     try:
+        prep = _prepare_bases(batch, cfg, source, base_path)
         try:
-            results = _gpu_results(batch, cfg, source)
+            results = _device.on_gpu_thread(_gpu_results, batch, prep, cfg)
         except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
             import logging
             logging.getLogger("s4fs.ingest").warning(
                 "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
                 len(batch), type(exc).__name__, exc)
-            results = [_cpu_result(data, dtype, base, cfg, source)
-                       for data, dtype, base, _ in batch]
+            results = [_cpu_result(it, p, cfg) for it, p in zip(batch, prep)]
     except BaseException as exc:        # noqa: BLE001 - handed to the session
         for *_, fut in batch:
             if fut.set_running_or_notify_cancel():
@@ -500,46 +534,81 @@ def _code_gpu_batch(batch: list, cfg: IngestConfig, source) -> None:
             fut.set_result(res)
 
 
-def _cpu_result(data, dtype, base, cfg, source):
-    sum_ = codec.checksum(data)
-    blob, kind = code_chunk(data, dtype, sum_, base, lambda: source.get(base), cfg,
-                            device="cpu")
+def _prepare_bases(batch: list, cfg: IngestConfig, source, base_path) -> list:
+    """Per chunk: None (code it whole), ("same", checksum) or ("delta", base bytes,
+    checksum). Base bytes come from the base version's decoded copy when it holds them
+    intact (checked against the manifest's checksum), else from the store."""
+    fd = None
+    if base_path is not None and any(it[3] is not None for it in batch):
+        try:
+            fd = os.open(base_path, os.O_RDONLY)
+        except OSError:
+            fd = None
+    out: list = []
+    try:
+        for data, _, base, where, _ in batch:
+            if not delta_candidate(base, len(data), cfg):
+                out.append(None)
+                continue
+            sum_ = codec.checksum(data)
+            raw = None
+            if fd is not None and where is not None:
+                try:
+                    raw = os.pread(fd, where[1], where[0])
+                except OSError:
+                    raw = None
+                if raw is not None and (len(raw) != base.raw or
+                                        codec.checksum(raw) != base.checksum):
+                    raw = None
+            if raw is None:
+                raw = source.get(base)
+            if base.checksum == sum_ and raw == data:
+                out.append(("same", sum_))
+            else:
+                out.append(("delta", raw, sum_))
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return out
+
+
+def _cpu_result(item, prep, cfg: IngestConfig):
+    data, dtype, base, _, _ = item
+    if prep is not None and prep[0] == "same":
+        return None, base, prep[1], len(data)
+    sum_ = codec.checksum(data) if prep is None else prep[2]
+    blob, kind = code_chunk(data, dtype, sum_, base if prep else None,
+                            lambda: prep[1], cfg, device="cpu")
     return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, len(data)
 
 
-def _gpu_results(batch: list, cfg: IngestConfig, source) -> list:
+def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
     from s4fs.codec import gpu
-    res: list = [None] * len(batch)
-    deltas, fulls = [], []                     # (index, base bytes, checksum) / index
-    for i, (data, _, base, _) in enumerate(batch):
-        if not delta_candidate(base, len(data), cfg):
-            fulls.append(i)
-            continue
-        sum_ = codec.checksum(data)
-        base_raw = source.get(base)
-        if base.checksum == sum_ and base_raw == data:
-            res[i] = (None, base, sum_, len(data))
-            continue
-        deltas.append((i, base_raw, sum_))
     profile = gpu.PROFILES[cfg.gpu_profile]
-    blobs = gpu.compress_many([(batch[i][0], batch[i][1], b) for i, b, _ in deltas] +
+    res: list = [None] * len(batch)
+    deltas = [i for i, p in enumerate(prep) if p is not None and p[0] == "delta"]
+    fulls = [i for i, p in enumerate(prep) if p is None]
+    for i, p in enumerate(prep):
+        if p is not None and p[0] == "same":
+            res[i] = (None, batch[i][2], p[1], len(batch[i][0]))
+    blobs = gpu.compress_many([(batch[i][0], batch[i][1], prep[i][1]) for i in deltas] +
                               [(batch[i][0], batch[i][1]) for i in fulls], profile=profile,
                               out="host")
     again = []
-    for (i, _, sum_), blob in zip(deltas, blobs):
+    for i, blob in zip(deltas, blobs):
         if delta_is_tiny(len(blob), len(batch[i][0])):
-            res[i] = (blob, batch[i][2], sum_, len(batch[i][0]))
+            res[i] = (blob, batch[i][2], prep[i][2], len(batch[i][0]))
         else:
-            again.append((i, blob, sum_))
+            again.append((i, blob))
     for i, blob in zip(fulls, blobs[len(deltas):]):
         # the blob's header holds the chunk's XXH3-64, computed on the device
         res[i] = (blob, None, _container.unpack(blob, whole=False).checksum, len(batch[i][0]))
     if again:
-        full = gpu.compress_many([(batch[i][0], batch[i][1]) for i, _, _ in again],
+        full = gpu.compress_many([(batch[i][0], batch[i][1]) for i, _ in again],
                                  profile=profile, out="host")
-        for (i, delta, sum_), f in zip(again, full):
+        for (i, delta), f in zip(again, full):
             keep = keep_delta(len(delta), len(f), cfg)
-            res[i] = (delta if keep else f, batch[i][2] if keep else None, sum_,
+            res[i] = (delta if keep else f, batch[i][2] if keep else None, prep[i][2],
                       len(batch[i][0]))
     return res
 
@@ -588,7 +657,8 @@ class _ProcessCoding:
         self.pool = workers.pool(self.cfg.workers, self.cfg.nice)
         self.store_spec = pickle.dumps(session.store)
         self.spool = spool_path
-        self.base_file = base_file if session._base is not None else None
+        self._bases = _BaseFile(session._base, base_file)
+        self.base_file = self._bases.path
         self.packs: list[str] = []
         self._pending: deque = deque()      # (stream, batch, index, raw, checksum, base)
         self._batch = _Batch()
@@ -596,12 +666,6 @@ class _ProcessCoding:
         self._raw = _Chunk()
         self._tensor = _Chunk()
         self._tensor_idx = 0                # chunks emitted for the current tensor
-        self._base_ext: dict[int, list[tuple[int, int, int]]] = {}
-        base = session._base
-        if base is not None and self.base_file is not None:
-            for foff, n, sidx, soff in base.extents:
-                self._base_ext.setdefault(sidx, []).append((soff, foff, n))
-            self._base_idx = {id(st): i for i, st in enumerate(base.streams)}
 
     # --- pieces in -------------------------------------------------------------------
 
@@ -643,18 +707,7 @@ class _ProcessCoding:
         self._tensor = _Chunk()
 
     def _base_range(self, idx: int) -> tuple[int, int] | None:
-        """Where base chunk ``idx`` of the matched base stream lies in the base version's
-        file (its decoded-cache copy), if in one extent."""
-        st = self.s._tensor_base
-        if not self._base_ext or st is None:
-            return None
-        sidx = self._base_idx.get(id(st))
-        soff = st.starts()[idx]
-        n = st.chunks[idx].raw
-        for es, fo, en in self._base_ext.get(sidx, ()):
-            if es <= soff and soff + n <= es + en:
-                return (fo + soff - es, n)
-        return None
+        return self._bases.range_of(self.s._tensor_base, idx)
 
     # --- batches ---------------------------------------------------------------------
 
