@@ -3,7 +3,7 @@
 # async_save / load of CUDA state, and the CPU API tests), the save/load benchmark on a
 # GPT trained there, and the codec benchmark. Run from the repo root with the offline
 # kit (`bash ../shared/tools/make-offline-kit.sh`).
-# Usage: run_h200_gpusave.sh [all|tests|bench|codec|profiles|mount]
+# Usage: run_h200_gpusave.sh [all|tests|bench|codec|profiles|mount|worker]
 #   profiles: the codec with the stored-size candidates side by side
 #   mount:    the mount benchmark with --device cpu, then --device cuda (the GPU worker)
 set -u
@@ -22,6 +22,11 @@ fi
 if [ "$what" = profiles ]; then
 run 280 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 2 \
     --profiles default,default:verify=false,zero-runs,default:chunk=65536
+fi
+if [ "$what" = worker ]; then     # the GPU worker: its tests, then a cuda mount
+run 200 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu.py"
+run 200 python3 "$R/bench/mount.py" --source gpt --gib 1.2 --saves 3 --loads 1 --modes default \
+    --device cuda --work /tmp
 fi
 if [ "$what" = mount ]; then
 for dev in cpu cuda; do

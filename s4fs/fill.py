@@ -24,7 +24,7 @@ import logging
 import os
 import pickle
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
 
@@ -69,20 +69,26 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
 
 class GpuDecoder:
     """The pool a :class:`Fill` uses when the mount codes on the GPU: each batch is read
-    and decoded by ``s4fs.reader.decode_on_gpu`` on the process's GPU thread (every chunk
-    checked, delta chains level by level), then written at its file offsets."""
+    (two batches at a time) and decoded by ``s4fs.reader.decode_on_gpu``, only the
+    decoding on the process's GPU thread (every chunk checked, delta chains level by
+    level), then written at its file offsets."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _lock = threading.Lock()
 
     def __init__(self, source) -> None:
         self.source = source
 
     def submit_decode(self, job) -> Future:
-        from s4fs.codec import _device
-        return _device.submit_gpu(self._decode, job)
+        with GpuDecoder._lock:
+            if GpuDecoder._pool is None:
+                GpuDecoder._pool = ThreadPoolExecutor(2, thread_name_prefix="s4fs-gpu-fill")
+        return GpuDecoder._pool.submit(self._decode, job)
 
     def _decode(self, job) -> int:
         from s4fs.reader import decode_on_gpu
         from s4fs.workers import pwrite_all
-        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items])
+        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items], gpu_thread=True)
         fd = os.open(job.target, os.O_WRONLY)
         try:
             for ref, pieces in job.items:

@@ -49,14 +49,16 @@ class WholeFileHash:
 
 
 def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
-                  readers: int = 16) -> dict:
+                  readers: int = 16, gpu_thread: bool = False) -> dict:
     """The bytes of every chunk in ``refs`` decoded on the current CUDA device, as device
     arrays keyed by ``ref.key()`` (their delta bases' too): bases decode before the
     chunks written against them, level by level, in ``s4fs.codec.gpu.decompress_many``
     batches of about ``batch_bytes``, the next batch's blobs read while one decodes.
     Every blob is checked against the manifest's checksum and length before it is
-    decoded, and every output against its blob's checksum on the device."""
-    from s4fs.codec import gpu
+    decoded, and every output against its blob's checksum on the device. ``gpu_thread``:
+    only the decoding runs on the process's GPU thread (the mount's), the reads here."""
+    from s4fs.codec import _device, gpu
+    run = _device.on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
     todo: dict = {}
     for ref in refs:
         r = ref
@@ -76,9 +78,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
             if k + 1 < len(groups):
                 nxt = ahead.submit(read, groups[k + 1])
             try:
-                outs = gpu.decompress_many(
-                    blobs, [decoded[r.base.key()] if r.base is not None else None
-                            for r in group], out="device")
+                outs = run(gpu.decompress_many,
+                           blobs, [decoded[r.base.key()] if r.base is not None else None
+                                   for r in group], out="device")
             except ChecksumError:
                 raise
             except (codec.FormatError, codec.BaseMismatchError) as exc:

@@ -188,7 +188,7 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path):
                    cache_dir=str(tmp_path / "cache"))
     fs = Filesystem(LocalStore(str(tmp_path / "store")), cfg)
     sd = {k: v.cpu() for k, v in _state().items() if hasattr(v, "cpu")}
-    sd.update({str(dt): _adversarial(dt, 1 << 18, "cpu")
+    sd.update({str(dt): _adversarial(dt, 1 << 19, "cpu")
                for dt in (torch.bfloat16, torch.float16, torch.float32, torch.int64)})
     series = []
     try:
