@@ -19,6 +19,7 @@ functions; nothing else in s4fs chooses a device.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -29,6 +30,12 @@ DEVICES = ("auto", "cpu", "cuda")
 # host buffers smaller than this stay on the CPU under device="auto" (the copies and
 # launches cost more than the CPU codec)
 AUTO_MIN_HOST_BYTES = 1 << 20
+
+# a pipeline under "auto" codes on the GPU only on machines with fewer cores than this:
+# on the 16-core H200 box the mount saved and loaded 5-20 % faster with its 16 CPU coding
+# workers than with the GPU worker (docs/BENCHMARKS.md), while a few cores code at well
+# under 1 GB/s and the GPU at tens of GB/s
+AUTO_GPU_BELOW_CORES = 16
 
 
 def check(device: str) -> str:
@@ -61,13 +68,15 @@ def require_gpu() -> None:
 
 
 def pipeline(device: str) -> str:
-    """``"cpu"`` or ``"cuda"``: where a whole pipeline codes under this setting.
-    ``"auto"`` is the GPU when one is usable; ``"cuda"`` without one raises."""
+    """``"cpu"`` or ``"cuda"``: where a whole pipeline (the mount's coding and decoding
+    ahead) runs under this setting. ``"auto"`` is the GPU when one is usable and the
+    machine has fewer than ``AUTO_GPU_BELOW_CORES`` cores (where it is the faster of the
+    two); ``"cuda"`` without a usable GPU raises."""
     check(device)
     if device == "cuda":
         require_gpu()
         return "cuda"
-    if device == "auto" and gpu_available():
+    if device == "auto" and (os.cpu_count() or 1) < AUTO_GPU_BELOW_CORES and gpu_available():
         return "cuda"
     return "cpu"
 

@@ -417,8 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
     m.add_argument("--device", choices=list(_device.DEVICES),
-                   help="codec for new chunks (default cpu; cuda is exact but, chunk by "
-                        "chunk, not yet faster: docs/BENCHMARKS.md)")
+                   help="where new chunks are coded and cold files decoded ahead: cpu "
+                        "(default: worker processes; files any machine reads), cuda (the "
+                        "GPU worker, in batches; nvCOMP ANS planes, read where a GPU is) "
+                        "or auto (the GPU on machines with fewer than "
+                        f"{_device.AUTO_GPU_BELOW_CORES} cores, else the CPU)")
     m.add_argument("--gc-interval", type=float, default=3600.0,
                    help="seconds between background garbage collections (0: never)")
     m.add_argument("--uid", type=int, help="show files as owned by this user id")

@@ -1,11 +1,20 @@
 """GPU decoder: many blobs decoded with a few launches, the encoder's steps backwards.
 
-headers parsed on the host (blobs already on the device: their headers come back in two
-small reads) → host blobs staged up in one overlapped copy; planes of CPU codecs (zstd)
-decoded on the host and staged with them → raw planes copied and constant planes
-filled in one launch each → every nvCOMP chunk gathered to aligned addresses and
-decoded in one batch per codec → planes merged into the outputs, XOR-ing delta bases
-back in → XXH3 of every output checked on the device against its header.
+The stages of one ``decompress_many`` call (methods of ``_Decode``, named as in the
+benchmark's stage table):
+
+* headers — every container header (``codec._container`` parses it) and nvCOMP payload
+  table, checked (blobs on the device: two small reads); planes of CPU codecs (zstd)
+  and layouts without a kernel decoded on the host;
+* stage in — host blobs, host-decoded planes and host bases up in one overlapped copy;
+* raw planes / nvcomp — ``restore_planes``: raw planes copied and constant planes filled
+  in one launch each, every nvCOMP chunk gathered to aligned addresses and decoded in
+  one batch per codec configuration (what its payload records: ``spec_for``);
+* merge — ``merge_planes``: planes merged into the outputs, XOR-ing delta bases back in;
+* checksum — XXH3 of every output checked on the device against its header;
+* copy out — outputs stay on the device or come back in one copy to pinned memory.
+
+``restore_planes`` and ``merge_planes`` are also the encoder's self-check.
 """
 
 from __future__ import annotations
@@ -14,17 +23,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError, FormatError,
-                         UnsupportedVersionError)
+from s4fs.errors import (
+    BaseMismatchError,
+    ChecksumError,
+    CodecError,
+    FormatError,
+    UnsupportedVersionError,
+)
 
 from .. import _container as C
 from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType, from_code
-from . import _codecs, _kernels as K, _payload
+from . import _codecs, _payload
+from . import _kernels as K
 from ._backend import CodecSpec, round_up
-from ._common import (ALIGN, CODEC_NAMES, Segments, Staging, descriptors, download_ranges,
-                      finish, hash_buffers, launch_planes, place, plan, resolve)
+from ._common import (
+    ALIGN,
+    CODEC_NAMES,
+    Segments,
+    Staging,
+    descriptors,
+    download_ranges,
+    finish,
+    hash_buffers,
+    launch_planes,
+    place,
+    plan,
+    resolve,
+)
 
 PREFIX = 512            # bytes read back to parse the header of a blob on the device
 
@@ -55,143 +82,178 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
         raise CodecError("pass one base (or None) per blob")
     if not blobs:
         return []
-    b = backend or cuda_backend()
-    keep: list = []
-    staging = Staging(b)
-    mark = timer.mark if timer is not None else (lambda stage: None)
-
-    # 1. headers
-    host_mv: list = []
-    dev: dict[int, tuple[int, int]] = {}
-    for i, blob in enumerate(blobs):
-        mod = type(blob).__module__
-        if mod.startswith("cupy") or (mod.startswith("torch") and getattr(blob, "is_cuda", False)):
-            r = resolve(b, [blob], staging, keep)[0]
-            dev[i] = (r.ptr, r.nbytes)
-            host_mv.append(None)
-        else:
-            host_mv.append(memoryview(blob).cast("B"))
-    prefixes = dict(zip(dev, download_ranges(
-        b, [(p, min(n, PREFIX)) for p, n in dev.values()], keep)))
-    heads = [C.unpack(mv) if mv is not None else C.unpack(prefixes[i], whole=False, total=dev[i][1])
-             for i, mv in enumerate(host_mv)]
-    dts = [_check_head(i, h, bases[i] is not None or planes_only, planes_only)
-           for i, h in enumerate(heads)]
-
-    # 2. plane payloads: nvCOMP tables, CPU-codec planes decoded here
-    srcs: list[list[_Src]] = []
-    for h in heads:
-        pos, row = h.payload_offset, []
-        for ph in h.planes:
-            _known(ph.codec_id, ph.codec_major)
-            row.append(_Src(ph.codec_id, ph.codec_major, pos, ph.enc_len))
-            pos += ph.enc_len
-        srcs.append(row)
-    _read_tables(b, srcs, heads, host_mv, dev, keep)
-    layouts = [h.layout for h in heads]
-    for i, (h, dt) in enumerate(zip(heads, dts)):
-        if K.variant(dt, h.layout) is None:       # no kernel for this layout: merge here
-            mv = host_mv[i]
-            if mv is None:
-                mv = memoryview(download_ranges(b, [(dev[i][0], dev[i][1])], keep)[0])
-            planes = [P.decoder_for(s.cid, s.major).decode(mv[s.pos: s.pos + s.enc], ph.raw_len)
-                      for s, ph in zip(srcs[i], h.planes)]
-            merged = _planes.merge(planes, dt, h.layout, h.raw_len)
-            srcs[i] = [_Src(P.RAW, 1, 0, h.raw_len, host=bytes(merged))]
-            layouts[i] = _planes.FLAT
-    for i, (h, row) in enumerate(zip(heads, srcs)):
-        for s, raw in zip(row, _planes.plane_sizes(dts[i], layouts[i], h.raw_len)):
-            if s.host is not None:
-                continue
-            if s.cid in CODEC_NAMES:
-                if s.cid == P.NVCOMP_ANS:
-                    _codecs.check_ans_version(s.head.version, b.nvcomp_version)
-            elif s.cid == P.RAW:
-                if s.enc != raw:
-                    raise FormatError(f"raw plane holds {s.enc} bytes, header says {raw}")
-            elif s.cid == P.CONST:
-                if s.enc != 1:
-                    raise FormatError("constant plane payload must be one byte")
-            else:
-                payload = (host_mv[i][s.pos: s.pos + s.enc] if host_mv[i] is not None else
-                           download_ranges(b, [(dev[i][0] + s.pos, s.enc)], keep)[0])
-                s.host = P.decoder_for(s.cid, s.major).decode(payload, raw)
-
-    mark("headers")
-
-    # 3. one staged upload: host blobs, host-decoded planes, host bases
-    blob_at = {i: staging.add(mv) for i, mv in enumerate(host_mv) if mv is not None}
-    host_at = {(i, k): staging.add(memoryview(s.host)) for i, row in enumerate(srcs)
-               for k, s in enumerate(row) if s.host is not None}
-    base_in = resolve(b, [x for x in bases if x is not None], staging, keep)
-    staging.flush()
-    keep.append(staging)
-    base_in = iter(finish(b, base_in, staging, keep))
-    base_ptr: list[int] = []
-    for i, x in enumerate(bases):
-        if x is None or planes_only:
-            base_ptr.append(0)
-            continue
-        r = next(base_in)
-        if r.nbytes != heads[i].raw_len:
-            raise BaseMismatchError(
-                f"blob {i} was written against a base of {heads[i].raw_len} bytes; the base "
-                f"given has {r.nbytes}")
-        base_ptr.append(r.ptr)
-    blob_ptr = [dev[i][0] if i in dev else b.ptr(staging.dev) + blob_at[i]
-                for i in range(len(blobs))]
-    mark("stage in")
-
-    # 4. planes into the scratch
-    jobs = [plan(dt, lay, h.raw_len) for dt, lay, h in zip(dts, layouts, heads)]
-    const_dev = [(i, k) for i, row in enumerate(srcs) for k, s in enumerate(row)
-                 if s.host is None and s.cid == P.CONST and host_mv[i] is None
-                 and jobs[i].planes[k].raw]
-    const_val = dict(zip(const_dev, download_ranges(
-        b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)))
-    rows = []
-    for i, (j, row) in enumerate(zip(jobs, srcs)):
-        r = []
-        for k, (p, s) in enumerate(zip(j.planes, row)):
-            if p.raw == 0:
-                r.append(None)
-            elif s.host is not None:
-                r.append(("copy", b.ptr(staging.dev) + host_at[(i, k)]))
-            elif s.cid == P.RAW:
-                r.append(("copy", blob_ptr[i] + s.pos))
-            elif s.cid == P.CONST:
-                r.append(("fill", host_mv[i][s.pos] if host_mv[i] is not None
-                          else const_val[(i, k)][0]))
-            else:
-                r.append(("coded", spec_for(s.cid, s.head), s.head.sizes,
-                          blob_ptr[i] + s.pos + s.head.data_offset))
-        rows.append(r)
-    scratch = restore_planes(b, jobs, rows, keep, mark)
-    mark("nvcomp")
-
-    # 5. merge into the outputs, XOR-ing bases back in
-    out_dev, out_off = merge_planes(b, jobs, scratch, base_ptr, keep)
-    op = b.ptr(out_dev)
-    mark("merge")
-
-    # 6. checksums on the device
+    run = _Decode(backend or cuda_backend(), blobs, bases, planes_only, timer)
+    run.headers()
+    run.stage_in()
+    run.restore()
+    run.merge()
     if out == "check":          # the encoder's self-check: which blobs restore exactly
-        return _verify(b, heads, [op + o for o in out_off], base_ptr, keep, report=True)
+        return run.verify(report=True)
     if verify and not planes_only:
-        _verify(b, heads, [op + o for o in out_off], base_ptr, keep)
-        mark("checksum")
-    if out == "device":
+        run.verify()
+    return run.hand_out(out)
+
+
+class _Decode:
+    """One ``decompress_many`` call, stage by stage (named as in the benchmark's table)."""
+
+    def __init__(self, b, blobs: list, bases: list, planes_only: bool, timer) -> None:
+        self.b, self.blobs, self.bases, self.planes_only = b, blobs, bases, planes_only
+        self.keep: list = []
+        self.staging = Staging(b)
+        self.mark = timer.mark if timer is not None else (lambda stage: None)
+
+    def headers(self) -> None:
+        """Every container header and nvCOMP payload table (blobs on the device: two
+        small reads), checked; planes of CPU codecs (zstd) and layouts without a kernel
+        decoded here on the host."""
+        b, keep, bases = self.b, self.keep, self.bases
+        host_mv: list = []
+        dev: dict[int, tuple[int, int]] = {}
+        for i, blob in enumerate(self.blobs):
+            mod = type(blob).__module__
+            if mod.startswith("cupy") or (mod.startswith("torch") and
+                                          getattr(blob, "is_cuda", False)):
+                r = resolve(b, [blob], self.staging, keep)[0]
+                dev[i] = (r.ptr, r.nbytes)
+                host_mv.append(None)
+            else:
+                host_mv.append(memoryview(blob).cast("B"))
+        prefixes = dict(zip(dev, download_ranges(
+            b, [(p, min(n, PREFIX)) for p, n in dev.values()], keep)))
+        heads = [C.unpack(mv) if mv is not None else
+                 C.unpack(prefixes[i], whole=False, total=dev[i][1])
+                 for i, mv in enumerate(host_mv)]
+        dts = [_check_head(i, h, bases[i] is not None or self.planes_only, self.planes_only)
+               for i, h in enumerate(heads)]
+        srcs: list[list[_Src]] = []
+        for h in heads:
+            pos, row = h.payload_offset, []
+            for ph in h.planes:
+                _known(ph.codec_id, ph.codec_major)
+                row.append(_Src(ph.codec_id, ph.codec_major, pos, ph.enc_len))
+                pos += ph.enc_len
+            srcs.append(row)
+        _read_tables(b, srcs, heads, host_mv, dev, keep)
+        layouts = [h.layout for h in heads]
+        for i, (h, dt) in enumerate(zip(heads, dts)):
+            if K.variant(dt, h.layout) is None:       # no kernel for this layout: merge here
+                mv = host_mv[i]
+                if mv is None:
+                    mv = memoryview(download_ranges(b, [(dev[i][0], dev[i][1])], keep)[0])
+                planes = [P.decoder_for(s.cid, s.major).decode(mv[s.pos: s.pos + s.enc],
+                                                               ph.raw_len)
+                          for s, ph in zip(srcs[i], h.planes)]
+                merged = _planes.merge(planes, dt, h.layout, h.raw_len)
+                srcs[i] = [_Src(P.RAW, 1, 0, h.raw_len, host=bytes(merged))]
+                layouts[i] = _planes.FLAT
+        for i, (h, row) in enumerate(zip(heads, srcs)):
+            for s, raw in zip(row, _planes.plane_sizes(dts[i], layouts[i], h.raw_len)):
+                if s.host is not None:
+                    continue
+                if s.cid in CODEC_NAMES:
+                    if s.cid == P.NVCOMP_ANS:
+                        _codecs.check_ans_version(s.head.version, b.nvcomp_version)
+                elif s.cid == P.RAW:
+                    if s.enc != raw:
+                        raise FormatError(f"raw plane holds {s.enc} bytes, header says {raw}")
+                elif s.cid == P.CONST:
+                    if s.enc != 1:
+                        raise FormatError("constant plane payload must be one byte")
+                else:
+                    payload = (host_mv[i][s.pos: s.pos + s.enc] if host_mv[i] is not None
+                               else download_ranges(b, [(dev[i][0] + s.pos, s.enc)], keep)[0])
+                    s.host = P.decoder_for(s.cid, s.major).decode(payload, raw)
+        self.host_mv, self.dev, self.heads, self.dts = host_mv, dev, heads, dts
+        self.srcs, self.layouts = srcs, layouts
+        self.mark("headers")
+
+    def stage_in(self) -> None:
+        """One staged upload: host blobs, host-decoded planes, host bases."""
+        b, keep, staging, heads = self.b, self.keep, self.staging, self.heads
+        blob_at = {i: staging.add(mv) for i, mv in enumerate(self.host_mv) if mv is not None}
+        self.host_at = {(i, k): staging.add(memoryview(s.host))
+                        for i, row in enumerate(self.srcs)
+                        for k, s in enumerate(row) if s.host is not None}
+        base_in = resolve(b, [x for x in self.bases if x is not None], staging, keep)
+        staging.flush()
+        keep.append(staging)
+        base_in = iter(finish(b, base_in, staging, keep))
+        self.base_ptr: list[int] = []
+        for i, x in enumerate(self.bases):
+            if x is None or self.planes_only:
+                self.base_ptr.append(0)
+                continue
+            r = next(base_in)
+            if r.nbytes != heads[i].raw_len:
+                raise BaseMismatchError(
+                    f"blob {i} was written against a base of {heads[i].raw_len} bytes; the "
+                    f"base given has {r.nbytes}")
+            self.base_ptr.append(r.ptr)
+        self.blob_ptr = [self.dev[i][0] if i in self.dev else b.ptr(staging.dev) + blob_at[i]
+                         for i in range(len(self.blobs))]
+        self.mark("stage in")
+
+    def restore(self) -> None:
+        """Every plane into one scratch: raw copies, constant fills, nvCOMP batches."""
+        b, keep, srcs, host_mv, blob_ptr = self.b, self.keep, self.srcs, self.host_mv, \
+            self.blob_ptr
+        self.jobs = jobs = [plan(dt, lay, h.raw_len)
+                            for dt, lay, h in zip(self.dts, self.layouts, self.heads)]
+        const_dev = [(i, k) for i, row in enumerate(srcs) for k, s in enumerate(row)
+                     if s.host is None and s.cid == P.CONST and host_mv[i] is None
+                     and jobs[i].planes[k].raw]
+        const_val = dict(zip(const_dev, download_ranges(
+            b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)))
+        rows = []
+        for i, (j, row) in enumerate(zip(jobs, srcs)):
+            r = []
+            for k, (p, s) in enumerate(zip(j.planes, row)):
+                if p.raw == 0:
+                    r.append(None)
+                elif s.host is not None:
+                    r.append(("copy", b.ptr(self.staging.dev) + self.host_at[(i, k)]))
+                elif s.cid == P.RAW:
+                    r.append(("copy", blob_ptr[i] + s.pos))
+                elif s.cid == P.CONST:
+                    r.append(("fill", host_mv[i][s.pos] if host_mv[i] is not None
+                              else const_val[(i, k)][0]))
+                else:
+                    r.append(("coded", spec_for(s.cid, s.head), s.head.sizes,
+                              blob_ptr[i] + s.pos + s.head.data_offset))
+            rows.append(r)
+        self.scratch = restore_planes(b, jobs, rows, keep, self.mark)
+        self.mark("nvcomp")
+
+    def merge(self) -> None:
+        """Planes merged into the outputs, XOR-ing bases back in."""
+        self.out_dev, self.out_off = merge_planes(self.b, self.jobs, self.scratch,
+                                                  self.base_ptr, self.keep)
+        op = self.b.ptr(self.out_dev)
+        self.out_ptrs = [op + o for o in self.out_off]
+        self.mark("merge")
+
+    def verify(self, report: bool = False):
+        """XXH3 of every output (and base) on the device, against its header."""
+        got = _verify(self.b, self.heads, self.out_ptrs, self.base_ptr, self.keep, report)
+        self.mark("checksum")
+        return got
+
+    def hand_out(self, out: str) -> list:
+        """The outputs: device views, or one copy into pinned host memory."""
+        b, heads, out_off = self.b, self.heads, self.out_off
+        if out == "device":
+            b.synchronize()
+            return [b.view(self.out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
+        tot = out_off[-1] + heads[-1].raw_len
+        host = b.pinned(tot)
+        b.download(self.out_dev, 0, host[:tot])
         b.synchronize()
-        return [b.view(out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
-    tot = out_off[-1] + heads[-1].raw_len
-    host = b.pinned(tot)
-    b.download(out_dev, 0, host[:tot])
-    b.synchronize()
-    mark("copy out")
-    views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
-    if out == "host":
-        return [memoryview(v) for v in views]
-    return [v.tobytes() for v in views]
+        self.mark("copy out")
+        views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
+        if out == "host":
+            return [memoryview(v) for v in views]
+        return [v.tobytes() for v in views]
 
 
 def spec_for(cid: int, head: _payload.PayloadHeader) -> CodecSpec:

@@ -1,11 +1,20 @@
 """GPU encoder: a whole batch of chunks hashed, split, coded and packed in a few launches.
 
-inputs on the device (host inputs staged through pinned memory) → XXH3 of every input
-and base (3 launches) → split into planes, XOR-ing delta bases on the fly and flagging
-constant planes (one launch per plane layout) → one nvCOMP batch per codec over every
-chunk of every plane → one small readback (compressed sizes, flags, checksums) →
-headers written on the host → one gather launch packs every blob back to back →
-blobs stay on the device, or come back in one copy to pinned host memory.
+The stages of one ``compress_many`` call (methods of ``_Encode``, named as in the
+benchmark's stage table):
+
+* stage in — inputs on the device (host inputs staged through pinned memory);
+* checksum — XXH3-64 of every input and base (3 launches);
+* split — planes into one scratch, XOR-ing delta bases on the fly, constant flags, first
+  bytes, byte histograms (one launch per plane layout, two small ones);
+* readback — one small read of checksums, flags, first bytes and histograms;
+* choose codecs — constant and incompressible planes skip nvCOMP (host, no launch);
+* nvcomp — one nvCOMP batch per codec configuration over every chunk of every plane;
+* headers — every container header and payload table (``codec._container`` writes them);
+* assemble — one gather launch packs every blob back to back;
+* self-check — every blob decoded again from its header, on the device, with the
+  decoder's own stages, and hashed; one readback (blobs that fail are coded on the CPU);
+* copy out — blobs stay on the device, or come back in one copy to pinned host memory.
 """
 
 from __future__ import annotations
@@ -22,9 +31,23 @@ from .. import _planes
 from .._dtypes import DType, from_code, lookup
 from . import _payload
 from ._backend import CodecSpec, round_up
-from ._common import (ALIGN, CODEC_IDS, Buffer, Segments, Staging,
-                      descriptors, entropy_bits, finish, gpu_layout, hash_buffers, launch_planes,
-                      place, plan, resolve, sample_entropy)
+from ._common import (
+    ALIGN,
+    CODEC_IDS,
+    Buffer,
+    Segments,
+    Staging,
+    descriptors,
+    entropy_bits,
+    finish,
+    gpu_layout,
+    hash_buffers,
+    launch_planes,
+    place,
+    plan,
+    resolve,
+    sample_entropy,
+)
 from ._profiles import DEFAULT, GpuProfile
 
 log = logging.getLogger("s4fs.codec.gpu")
@@ -45,196 +68,251 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     items = [tuple(it) + (None,) * (3 - len(it)) for it in items]
     if not items:
         return []
-    b = backend or cuda_backend()
-    dts = [d if isinstance(d, DType) else lookup(d) for _, d, _ in items]
-    keep: list = []
-    mark = timer.mark if timer is not None else (lambda stage: None)
+    run = _Encode(backend or cuda_backend(), profile, items, timer)
+    run.stage_in()
+    run.checksum()
+    run.split()
+    run.readback()
+    run.choose_codecs()
+    run.code()
+    run.headers()
+    run.assemble()
+    run.self_check()
+    return run.hand_out(out)
 
-    # inputs and bases on the device
-    staging = Staging(b)
-    datas = resolve(b, [it[0] for it in items], staging, keep)
-    bases_in = resolve(b, [it[2] for it in items if it[2] is not None], staging, keep)
-    staging.flush()
-    keep.append(staging)
-    datas = finish(b, datas, staging, keep)
-    bases_in = iter(finish(b, bases_in, staging, keep))
-    bases: list[Buffer | None] = []
-    for it, d in zip(items, datas):
-        base = next(bases_in) if it[2] is not None else None
-        if base is not None and base.nbytes != d.nbytes:
-            raise CodecError(f"delta base has {base.nbytes} bytes but data has {d.nbytes}; "
-                             f"a base must be exactly as long as the data")
-        bases.append(base)
-    mark("stage in")
 
-    # checksums, planes, constant flags
-    hashed = [(d.ptr, d.nbytes) for d in datas] + [(x.ptr, x.nbytes) for x in bases if x]
-    d_hash = hash_buffers(b, [p for p, _ in hashed], [n for _, n in hashed], keep)
-    mark("checksum")
-    jobs = [plan(dt, gpu_layout(dt, profile), d.nbytes, profile) for dt, d in zip(dts, datas)]
-    total, nplanes = place(jobs)
-    scratch = b.empty(total)
-    sp = b.ptr(scratch)
-    flags = b.zeros(4 * max(nplanes, 1))
-    keep += [scratch, flags]
-    descs = descriptors(jobs, [d.ptr for d in datas], [x.ptr if x else 0 for x in bases], sp)
-    launch_planes(b, "split", jobs, descs, b.ptr(flags), keep)
-    planes = [p for j in jobs for p in j.planes]
-    firsts = b.empty(max(nplanes, 1))
-    seg = Segments()
-    seg.add([sp + p.off for p in planes], b.ptr(firsts) + np.arange(nplanes),
-            [1 if p.raw else 0 for p in planes])
-    seg.launch(b, keep)
-    coded = [k for k, p in enumerate(planes) if p.spec is not None]
-    d_hist = sample_entropy(b, [sp + planes[k].off for k in coded],
-                            [planes[k].raw for k in coded], keep)
-    mark("split")
+class _Encode:
+    """One ``compress_many`` call, stage by stage (each method is one stage; the
+    benchmark's stage table names them)."""
 
-    # one readback: checksums, constant flags, first bytes, byte histograms
-    h_hash = np.empty(len(hashed), dtype=np.uint64)
-    h_flags = np.empty(max(nplanes, 1), dtype=np.uint32)
-    h_first = np.empty(max(nplanes, 1), dtype=np.uint8)
-    h_hist = np.empty(256 * max(len(coded), 1), dtype=np.uint32)
-    b.download(d_hash, 0, h_hash.view(np.uint8))
-    b.download(flags, 0, h_flags.view(np.uint8))
-    b.download(firsts, 0, h_first)
-    b.download(d_hist, 0, h_hist.view(np.uint8))
-    b.synchronize()
-    mark("readback")
+    def __init__(self, b, profile: GpuProfile, items: list, timer) -> None:
+        self.b, self.profile, self.items = b, profile, items
+        self.dts = [d if isinstance(d, DType) else lookup(d) for _, d, _ in items]
+        self.keep: list = []
+        self.mark = timer.mark if timer is not None else (lambda stage: None)
 
-    # constant planes and planes the codec cannot shrink skip it
-    bits = entropy_bits(h_hist)
-    rows = h_hist.reshape(-1, 256)
-    zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
-    for k, h, z in zip(coded, bits, zero_share):
-        p = planes[k]
-        if h_flags[k] == 0 or h >= profile.max_entropy:
-            p.spec = None
-        elif profile.zero_runs == "gdeflate" and z >= profile.zero_share:
-            p.spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, p.spec.chunk)
+    def stage_in(self) -> None:
+        """Inputs and bases as device buffers (host ones staged through pinned memory)."""
+        b, keep, items = self.b, self.keep, self.items
+        staging = Staging(b)
+        datas = resolve(b, [it[0] for it in items], staging, keep)
+        bases_in = resolve(b, [it[2] for it in items if it[2] is not None], staging, keep)
+        staging.flush()
+        keep.append(staging)
+        self.datas = finish(b, datas, staging, keep)
+        bases_in = iter(finish(b, bases_in, staging, keep))
+        self.bases: list[Buffer | None] = []
+        for it, d in zip(items, self.datas):
+            base = next(bases_in) if it[2] is not None else None
+            if base is not None and base.nbytes != d.nbytes:
+                raise CodecError(f"delta base has {base.nbytes} bytes but data has "
+                                 f"{d.nbytes}; a base must be exactly as long as the data")
+            self.bases.append(base)
+        self.mark("stage in")
 
-    # one nvCOMP batch per codec configuration, over every chunk of its planes
-    batches: dict[CodecSpec, dict] = {}
-    for p in planes:
-        if p.spec is not None:
-            batches.setdefault(p.spec, {"planes": []})["planes"].append(p)
-    for spec, bt in batches.items():
-        group = bt["planes"]
-        offs = np.fromiter((p.off for p in group), np.int64, len(group))
-        raws = np.fromiter((p.raw for p in group), np.int64, len(group))
-        nch = (raws + spec.chunk - 1) // spec.chunk
-        starts = np.cumsum(nch) - nch
-        for p, s0, c in zip(group, starts.tolist(), nch.tolist()):
-            p.chunk0, p.nchunks = s0, c
-        idx = np.repeat(np.arange(len(group)), nch)
-        within = (np.arange(len(idx)) - starts[idx]) * spec.chunk
-        stride = round_up(b.max_compressed(spec), ALIGN)
-        dst = b.empty(stride * len(idx))
-        keep.append(dst)
-        bt["dst"], bt["stride"] = dst, stride
-        bt["comp"] = comp = b.encode(spec, scratch, (offs[idx] + within).tolist(),
-                                     np.minimum(spec.chunk, raws[idx] - within).tolist(), dst,
-                                     (stride * np.arange(len(idx))).tolist(), stride)
-        bt["excl"] = np.cumsum(comp) - comp
-        for p, total_c in zip(group, np.add.reduceat(comp, starts).tolist()):
-            p.comp = total_c
+    def checksum(self) -> None:
+        """XXH3-64 of every input and base (the container's checksums), on the device."""
+        hashed = [(d.ptr, d.nbytes) for d in self.datas] + \
+            [(x.ptr, x.nbytes) for x in self.bases if x]
+        self.nhashed = len(hashed)
+        self.d_hash = hash_buffers(self.b, [p for p, _ in hashed], [n for _, n in hashed],
+                                   self.keep)
+        self.mark("checksum")
 
-    mark("nvcomp")
-    layouts, meta, fallback = _decide(jobs, bases, batches, h_hash, h_flags, h_first,
-                                      b.nvcomp_version, len(datas))
+    def split(self) -> None:
+        """Planes into one scratch buffer (XOR-ing bases on the fly), constant flags, the
+        first byte of every plane and byte histograms of the codable ones."""
+        b, keep, profile = self.b, self.keep, self.profile
+        self.jobs = jobs = [plan(dt, gpu_layout(dt, profile), d.nbytes, profile)
+                            for dt, d in zip(self.dts, self.datas)]
+        total, self.nplanes = place(jobs)
+        self.scratch = b.empty(total)
+        self.sp = sp = b.ptr(self.scratch)
+        self.flags = b.zeros(4 * max(self.nplanes, 1))
+        keep += [self.scratch, self.flags]
+        descs = descriptors(jobs, [d.ptr for d in self.datas],
+                            [x.ptr if x else 0 for x in self.bases], sp)
+        launch_planes(b, "split", jobs, descs, b.ptr(self.flags), keep)
+        self.planes = planes = [p for j in jobs for p in j.planes]
+        self.firsts = b.empty(max(self.nplanes, 1))
+        seg = Segments()
+        seg.add([sp + p.off for p in planes], b.ptr(self.firsts) + np.arange(self.nplanes),
+                [1 if p.raw else 0 for p in planes])
+        seg.launch(b, keep)
+        self.coded = [k for k, p in enumerate(planes) if p.spec is not None]
+        self.d_hist = sample_entropy(b, [sp + planes[k].off for k in self.coded],
+                                     [planes[k].raw for k in self.coded], keep)
+        self.mark("split")
 
-    # delta chunks that fall back to one raw plane need the XOR itself (rare)
-    xor_ptr: dict[int, int] = {}
-    if fallback:
-        tot = 0
-        offs = {}
-        for i in fallback:
-            offs[i] = tot
-            tot = round_up(tot + datas[i].nbytes, ALIGN)
-        xb = b.empty(tot)
-        keep.append(xb)
-        for i in fallback:
-            xor_ptr[i] = b.ptr(xb) + offs[i]
-            b.xor_into(xor_ptr[i], datas[i].ptr, bases[i].ptr, datas[i].nbytes)
+    def readback(self) -> None:
+        """One small readback: checksums, constant flags, first bytes, histograms."""
+        b, n = self.b, max(self.nplanes, 1)
+        self.h_hash = np.empty(self.nhashed, dtype=np.uint64)
+        self.h_flags = np.empty(n, dtype=np.uint32)
+        self.h_first = np.empty(n, dtype=np.uint8)
+        self.h_hist = np.empty(256 * max(len(self.coded), 1), dtype=np.uint32)
+        b.download(self.d_hash, 0, self.h_hash.view(np.uint8))
+        b.download(self.flags, 0, self.h_flags.view(np.uint8))
+        b.download(self.firsts, 0, self.h_first)
+        b.download(self.d_hist, 0, self.h_hist.view(np.uint8))
+        b.synchronize()
+        self.mark("readback")
 
-    mark("headers")
+    def choose_codecs(self) -> None:
+        """Constant planes and planes the codec cannot shrink skip it; zero-heavy planes
+        take GDeflate's LZ mode when the profile asks."""
+        profile = self.profile
+        bits = entropy_bits(self.h_hist)
+        rows = self.h_hist.reshape(-1, 256)
+        zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
+        for k, h, z in zip(self.coded, bits, zero_share):
+            p = self.planes[k]
+            if self.h_flags[k] == 0 or h >= profile.max_entropy:
+                p.spec = None
+            elif profile.zero_runs == "gdeflate" and z >= profile.zero_share:
+                p.spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, p.spec.chunk)
 
-    # assemble every blob with one gather
-    blob_len = [lay[3] for lay in layouts]
-    blob_off = np.concatenate([[0], np.cumsum(blob_len)]).astype(np.int64)
-    size = int(blob_off[-1])
-    out_dev = b.empty(size)
-    op = b.ptr(out_dev)
-    h_meta = np.frombuffer(bytes(meta) or b"\0", dtype=np.uint8).copy()
-    d_meta = b.empty(len(h_meta))
-    b.upload(d_meta, 0, h_meta)
-    keep += [h_meta, d_meta]
-    mp = b.ptr(d_meta)
-    seg = Segments()
-    chunk_runs: dict[CodecSpec, list] = {spec: [] for spec in batches}
-    for i, (j, (moff, mlen, entries, _)) in enumerate(zip(jobs, layouts)):
-        pos = op + int(blob_off[i])
-        seg.add(mp + moff, pos, mlen)
-        pos += mlen
-        if entries is None:               # one raw plane of the data (or of the XOR)
-            if i in xor_ptr:
-                src = xor_ptr[i]
-            elif bases[i] is not None:    # flat layout: plane 0 holds the XOR
-                src = sp + j.planes[0].off
-            else:
-                src = datas[i].ptr
-            seg.add(src, pos, j.raw_len)
-            continue
-        for p, (kind, enc, where) in zip(j.planes, entries):
-            if kind == "raw":
-                seg.add(sp + p.off, pos, p.raw)
-            elif kind == "const":
-                seg.add(mp + where, pos, 1)
-            else:
-                hlen = _payload.header_size(p.raw, p.spec.chunk)
-                seg.add(mp + where, pos, hlen)
-                chunk_runs[p.spec].append((p.chunk0, p.nchunks, pos + hlen))
-            pos += enc
-    for spec, runs in chunk_runs.items():       # every coded chunk, vectorized
-        if not runs:
-            continue
-        bt = batches[spec]
-        c0, cn, at = (np.asarray(x, dtype=np.int64) for x in zip(*runs))
-        idx = np.repeat(np.arange(len(runs)), cn)
-        k = c0[idx] + (np.arange(len(idx)) - (np.cumsum(cn) - cn)[idx])
-        seg.add(b.ptr(bt["dst"]) + bt["stride"] * k,
-                at[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
-    seg.launch(b, keep)
-    mark("assemble")
+    def code(self) -> None:
+        """One nvCOMP batch per codec configuration, over every chunk of its planes."""
+        b = self.b
+        self.batches = batches = {}
+        for p in self.planes:
+            if p.spec is not None:
+                batches.setdefault(p.spec, {"planes": []})["planes"].append(p)
+        for spec, bt in batches.items():
+            group = bt["planes"]
+            offs = np.fromiter((p.off for p in group), np.int64, len(group))
+            raws = np.fromiter((p.raw for p in group), np.int64, len(group))
+            nch = (raws + spec.chunk - 1) // spec.chunk
+            starts = np.cumsum(nch) - nch
+            for p, s0, c in zip(group, starts.tolist(), nch.tolist()):
+                p.chunk0, p.nchunks = s0, c
+            idx = np.repeat(np.arange(len(group)), nch)
+            within = (np.arange(len(idx)) - starts[idx]) * spec.chunk
+            stride = round_up(b.max_compressed(spec), ALIGN)
+            dst = b.empty(stride * len(idx))
+            self.keep.append(dst)
+            bt["dst"], bt["stride"] = dst, stride
+            bt["comp"] = comp = b.encode(spec, self.scratch, (offs[idx] + within).tolist(),
+                                         np.minimum(spec.chunk, raws[idx] - within).tolist(),
+                                         dst, (stride * np.arange(len(idx))).tolist(), stride)
+            bt["excl"] = np.cumsum(comp) - comp
+            for p, total_c in zip(group, np.add.reduceat(comp, starts).tolist()):
+                p.comp = total_c
+        self.mark("nvcomp")
 
-    dev_blobs = [b.view(out_dev, int(blob_off[i]), blob_len[i]) for i in range(len(jobs))]
-    redo: dict[int, bytes] = {}
-    if profile.verify:
-        # decode what was written, on the device, and check it against the checksums:
-        # a blob that does not restore exactly is never handed out (the CPU codes it)
-        ok = _self_check(b, layouts, meta, op + blob_off[:-1], bases, h_hash[: len(datas)],
-                         dev_blobs, [it[2] for it in items], keep)
+    def headers(self) -> None:
+        """Every plane's final coding and every header, in one metadata buffer; the XOR of
+        delta blobs that fall back to one raw plane (rare)."""
+        b, datas, bases = self.b, self.datas, self.bases
+        self.layouts, self.meta, fallback = _decide(
+            self.jobs, bases, self.batches, self.h_hash, self.h_flags, self.h_first,
+            b.nvcomp_version, len(datas))
+        self.xor_ptr: dict[int, int] = {}
+        if fallback:
+            tot = 0
+            offs = {}
+            for i in fallback:
+                offs[i] = tot
+                tot = round_up(tot + datas[i].nbytes, ALIGN)
+            xb = b.empty(tot)
+            self.keep.append(xb)
+            for i in fallback:
+                self.xor_ptr[i] = b.ptr(xb) + offs[i]
+                b.xor_into(self.xor_ptr[i], datas[i].ptr, bases[i].ptr, datas[i].nbytes)
+        self.mark("headers")
+
+    def assemble(self) -> None:
+        """Every blob, back to back, with one gather launch."""
+        b, keep, sp = self.b, self.keep, self.sp
+        self.blob_len = [lay[3] for lay in self.layouts]
+        self.blob_off = np.concatenate([[0], np.cumsum(self.blob_len)]).astype(np.int64)
+        self.size = int(self.blob_off[-1])
+        self.out_dev = b.empty(self.size)
+        op = b.ptr(self.out_dev)
+        h_meta = np.frombuffer(bytes(self.meta) or b"\0", dtype=np.uint8).copy()
+        d_meta = b.empty(len(h_meta))
+        b.upload(d_meta, 0, h_meta)
+        keep += [h_meta, d_meta]
+        mp = b.ptr(d_meta)
+        seg = Segments()
+        chunk_runs: dict[CodecSpec, list] = {spec: [] for spec in self.batches}
+        for i, (j, (moff, mlen, entries, _)) in enumerate(zip(self.jobs, self.layouts)):
+            pos = op + int(self.blob_off[i])
+            seg.add(mp + moff, pos, mlen)
+            pos += mlen
+            if entries is None:               # one raw plane of the data (or of the XOR)
+                if i in self.xor_ptr:
+                    src = self.xor_ptr[i]
+                elif self.bases[i] is not None:   # flat layout: plane 0 holds the XOR
+                    src = sp + j.planes[0].off
+                else:
+                    src = self.datas[i].ptr
+                seg.add(src, pos, j.raw_len)
+                continue
+            for p, (kind, enc, where) in zip(j.planes, entries):
+                if kind == "raw":
+                    seg.add(sp + p.off, pos, p.raw)
+                elif kind == "const":
+                    seg.add(mp + where, pos, 1)
+                else:
+                    hlen = _payload.header_size(p.raw, p.spec.chunk)
+                    seg.add(mp + where, pos, hlen)
+                    chunk_runs[p.spec].append((p.chunk0, p.nchunks, pos + hlen))
+                pos += enc
+        for spec, runs in chunk_runs.items():       # every coded chunk, vectorized
+            if not runs:
+                continue
+            bt = self.batches[spec]
+            c0, cn, at = (np.asarray(x, dtype=np.int64) for x in zip(*runs))
+            idx = np.repeat(np.arange(len(runs)), cn)
+            k = c0[idx] + (np.arange(len(idx)) - (np.cumsum(cn) - cn)[idx])
+            seg.add(b.ptr(bt["dst"]) + bt["stride"] * k,
+                    at[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
+        seg.launch(b, keep)
+        self.dev_blobs = [b.view(self.out_dev, int(self.blob_off[i]), self.blob_len[i])
+                          for i in range(len(self.jobs))]
+        self.mark("assemble")
+
+    def self_check(self) -> None:
+        """Decode what was written, on the device, and check it against the checksums: a
+        blob that does not restore exactly is never handed out (the CPU codes it)."""
+        self.redo: dict[int, bytes] = {}
+        if not self.profile.verify:
+            return
+        items = self.items
+        ok = _self_check(self.b, self.layouts, self.meta,
+                         self.b.ptr(self.out_dev) + self.blob_off[:-1], self.bases,
+                         self.h_hash[: len(self.datas)], self.dev_blobs,
+                         [it[2] for it in items], self.keep)
         for i in (i for i, good in enumerate(ok) if not good):
-            redo[i] = _cpu_blob(items[i][0], dts[i], items[i][2])
-        mark("self-check")
-        if redo:
+            self.redo[i] = _cpu_blob(items[i][0], self.dts[i], items[i][2])
+        self.mark("self-check")
+        if self.redo:
             log.warning("GPU codec: %d of %d blobs did not restore exactly and were coded on "
-                        "the CPU instead", len(redo), len(jobs))
-    if out == "device":
+                        "the CPU instead", len(self.redo), len(self.jobs))
+
+    def hand_out(self, out: str) -> list:
+        """The blobs: device views, or one copy into pinned host memory."""
+        b, redo = self.b, self.redo
+        if out == "device":
+            b.synchronize()
+            blobs = list(self.dev_blobs)
+            for i, blob in redo.items():
+                blobs[i] = b.empty(len(blob))
+                b.upload(blobs[i], 0, np.frombuffer(blob, dtype=np.uint8))
+            b.synchronize()
+            return blobs
+        host = b.pinned(self.size)
+        b.download(self.out_dev, 0, host[: self.size])
         b.synchronize()
-        for i, blob in redo.items():
-            dev_blobs[i] = b.empty(len(blob))
-            b.upload(dev_blobs[i], 0, np.frombuffer(blob, dtype=np.uint8))
-        b.synchronize()
-        return dev_blobs
-    host = b.pinned(size)
-    b.download(out_dev, 0, host[:size])
-    b.synchronize()
-    mark("copy out")
-    views = [host[int(blob_off[i]): int(blob_off[i]) + blob_len[i]] for i in range(len(jobs))]
-    if out == "host":
-        return [memoryview(redo[i]) if i in redo else memoryview(v) for i, v in enumerate(views)]
-    return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
+        self.mark("copy out")
+        off, ln = self.blob_off, self.blob_len
+        views = [host[int(off[i]): int(off[i]) + ln[i]] for i in range(len(self.jobs))]
+        if out == "host":
+            return [memoryview(redo[i]) if i in redo else memoryview(v)
+                    for i, v in enumerate(views)]
+        return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
 def _self_check(b, layouts, meta, at, bases, sums, blobs, base_items, keep) -> list[bool]:
