@@ -373,6 +373,21 @@ def torch_load_pattern(r, size: int) -> bytes:
     return bytes(out)
 
 
+def read_cold_then_wait_for_the_copy(fs: Filesystem, m, want: bytes) -> None:
+    """Read ``ckpt.pt`` as torch.load does (exact bytes, decoded ahead), then wait until
+    the filled copy has become its decoded-cache entry."""
+    r = fs.open_read("ckpt.pt")
+    try:
+        assert torch_load_pattern(r, r.size) == want
+        assert r._fill is not None or r._fd is not None, "no decode ahead started"
+    finally:
+        r.release()
+    deadline = time.monotonic() + 30
+    while fs.decoded.path_of(m.id) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fs.decoded.path_of(m.id), "the filled copy should become a cache entry"
+
+
 def test_cold_file_decoded_ahead_exact_then_kept(tmp_path):
     fs = make_fs(tmp_path)
     sd = adversarial_state(2)
@@ -387,16 +402,7 @@ def test_cold_file_decoded_ahead_exact_then_kept(tmp_path):
     other = cold_fs(tmp_path)
     try:
         m = other.manifest("ckpt.pt")
-        r = other.open_read("ckpt.pt")
-        try:
-            assert torch_load_pattern(r, r.size) == series[-1]
-            assert r._fill is not None or r._fd is not None, "no decode ahead started"
-        finally:
-            r.release()
-        deadline = time.monotonic() + 30
-        while other.decoded.path_of(m.id) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert other.decoded.path_of(m.id), "the filled copy should become a cache entry"
+        read_cold_then_wait_for_the_copy(other, m, series[-1])
         with open(other.decoded.path_of(m.id), "rb") as f:
             assert f.read() == series[-1]
         r = other.open_read("ckpt.pt")               # now a plain local read
@@ -488,16 +494,8 @@ def test_gpu_mount_decodes_ahead_on_the_gpu(tmp_path, monkeypatch):
     try:
         m = other.manifest("ckpt.pt")
         assert m.base is not None                        # a delta chain to follow
-        r = other.open_read("ckpt.pt")
-        try:
-            assert torch_load_pattern(r, r.size) == series[-1]
-            assert r._fill is not None or r._fd is not None, "no decode ahead started"
-        finally:
-            r.release()
+        read_cold_then_wait_for_the_copy(other, m, series[-1])
         assert log["decode"], "nothing was decoded on the GPU"
-        deadline = time.monotonic() + 30
-        while other.decoded.path_of(m.id) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
         with open(other.decoded.path_of(m.id), "rb") as f:
             assert f.read() == series[-1]
     finally:
