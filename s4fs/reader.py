@@ -9,6 +9,7 @@ reads ahead when access is sequential (``torch.load`` reads record by record).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,12 @@ from s4fs.codec import _container
 from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
+
+
+def _truncated(pack: str, offset: int, got: int, want: int) -> ChecksumError:
+    return ChecksumError(
+        f"chunk at {pack}@{offset} is truncated in the store ({got} of {want} bytes); the "
+        f"file cannot be read back intact")
 
 
 class WholeFileHash:
@@ -56,7 +63,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     batches of about ``batch_bytes``, the next batch's blobs read while one decodes.
     Every blob is checked against the manifest's checksum and length before it is
     decoded, and every output against its blob's checksum on the device. ``gpu_thread``:
-    only the decoding runs on the process's GPU thread (the mount's), the reads here."""
+    only the decoding runs on the process's GPU thread (the mount's), the reads here.
+    A batch's blobs are read into one pinned host buffer, one read per run of adjacent
+    blobs in a pack, and go up to the device in one copy."""
     from s4fs.codec import _device, gpu
     run = _device.on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
     todo: dict = {}
@@ -71,7 +80,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     with ThreadPoolExecutor(readers, thread_name_prefix="s4fs-load") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="s4fs-load-ahead") as ahead:
         def read(group):
-            return list(pool.map(lambda r: source.checked_blob(r), group))
+            host, at = _read_runs(source, group, pool)
+            dev = run(gpu.to_device, host)
+            return [dev[p: p + r.stored] for r, p in zip(group, at)]
         nxt = ahead.submit(read, groups[0]) if groups else None
         for k, group in enumerate(groups):
             blobs = nxt.result()
@@ -87,6 +98,39 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
                 raise ChecksumError(f"a chunk of this file is corrupt: {exc}") from None
             decoded.update((r.key(), o) for r, o in zip(group, outs))
     return decoded
+
+
+RUN_GAP = 1 << 16          # blobs this close in one pack are read in one go
+
+
+def _read_runs(source: "ChunkSource", group: list, pool):
+    """Every blob of ``group`` in one pinned host buffer, read a run of adjacent blobs
+    of one pack at a time and checked against the manifest; returns the buffer and
+    each blob's offset in it (group order)."""
+    from s4fs.codec import gpu
+    order = sorted(range(len(group)), key=lambda i: (group[i].pack, group[i].offset))
+    runs: list[list] = []                  # [pack, lo, hi]
+    place: list = [None] * len(group)      # (run, offset in the run)
+    for i in order:
+        r = group[i]
+        last = runs[-1] if runs else None
+        if last is not None and last[0] == r.pack and r.offset <= last[2] + RUN_GAP:
+            last[2] = max(last[2], r.offset + r.stored)
+        else:
+            runs.append([r.pack, r.offset, r.offset + r.stored])
+        place[i] = (len(runs) - 1, r.offset - runs[-1][1])
+    starts, total = [], 0
+    for _, lo, hi in runs:
+        starts.append(total)
+        total += hi - lo
+    host = gpu.host_buffer(total)
+    list(pool.map(lambda k: source.read_into(runs[k][0], runs[k][1], runs[k][2],
+                                             host[starts[k]: starts[k] + runs[k][2] - runs[k][1]]),
+                  range(len(runs))))
+    at = [starts[k] + off for k, off in place]
+    for r, p in zip(group, at):
+        source.check_blob(r, host[p: p + r.stored])
+    return host, at
 
 
 def _groups(refs: list, limit: int):
@@ -157,23 +201,42 @@ class ChunkSource:
         if self.blob_cache is not None:
             blob = self.blob_cache.get(ref.pack, ref.offset, ref.stored)
         if blob is None:
-            try:
+            with self._missing(ref.pack):
                 blob = self.store.get(ref.pack, ref.offset, ref.offset + ref.stored)
-            except NotFound:
-                # the file exists (its manifest does); its data does not: never ENOENT
-                raise MissingData(
-                    f"object {ref.pack} is missing from the store ({self.store.url}); "
-                    f"the file that needs it cannot be read back (was it deleted by hand, "
-                    f"or by a lifecycle rule?)") from None
         if len(blob) != ref.stored:
-            raise ChecksumError(
-                f"chunk at {ref.pack}@{ref.offset} is truncated in the store ({len(blob)} of "
-                f"{ref.stored} bytes); the file cannot be read back intact")
+            raise _truncated(ref.pack, ref.offset, len(blob), ref.stored)
         return blob
+
+    def read_into(self, pack: str, lo: int, hi: int, out) -> None:
+        """Bytes [lo, hi) of ``pack`` into ``out`` (the local pack cache first)."""
+        data = self.blob_cache.get(pack, lo, hi - lo) if self.blob_cache is not None else None
+        if data is not None:
+            got = len(data)
+            memoryview(out).cast("B")[:got] = data
+        else:
+            with self._missing(pack):
+                got = self.store.get_into(pack, lo, hi, out)
+        if got != hi - lo:
+            raise _truncated(pack, lo, got, hi - lo)
+
+    @contextlib.contextmanager
+    def _missing(self, pack: str):
+        """The store's NotFound for ``pack`` as MissingData (the file exists, its data
+        does not: never ENOENT)."""
+        try:
+            yield
+        except NotFound:
+            raise MissingData(
+                f"object {pack} is missing from the store ({self.store.url}); the file that "
+                f"needs it cannot be read back (was it deleted by hand, or by a lifecycle "
+                f"rule?)") from None
 
     def checked_blob(self, ref: ChunkRef) -> bytes:
         """``ref``'s blob, once its header matches what the manifest expects of it."""
-        blob = self.fetch_blob(ref)
+        return self.check_blob(ref, self.fetch_blob(ref))
+
+    def check_blob(self, ref: ChunkRef, blob):
+        """``blob`` if its header is the one the manifest expects of ``ref``."""
         try:
             head = _container.unpack(blob)
         except S4Error as exc:

@@ -32,7 +32,10 @@ def emulated_gpu(monkeypatch) -> dict:
         blobs = list(blobs)
         log["decode"].append(len(blobs))
         return _decode.decompress_many(blobs, bases, backend=emu, **kw)
+    import numpy as np
     monkeypatch.setattr(_device, "pipeline", lambda device: "cuda")
+    monkeypatch.setattr(gpu, "host_buffer", lambda n: np.empty(n, dtype=np.uint8))
+    monkeypatch.setattr(gpu, "to_device", lambda host: host)
     monkeypatch.setattr(gpu, "compress_many", compress_many)
     monkeypatch.setattr(gpu, "decompress_many", decompress_many)
     return log

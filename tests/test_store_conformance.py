@@ -81,6 +81,21 @@ def test_ranges_of_one_object(store):
             assert store.get("obj", start, start + length) == DATA[start:start + length]
 
 
+def test_get_into_reads_ranges_in_place(store):
+    """``get_into`` (what GPU loads read packs with) gives the bytes ``get`` gives, into
+    the caller's buffer, and says how many there were at the object's end."""
+    store.put("obj", DATA)
+    for start in (0, 1, 4095, 10239, len(DATA) - 3):
+        for length in (1, 4096, 1 << 20):
+            buf = bytearray(length + 8)
+            n = store.get_into("obj", start, start + length, memoryview(buf))
+            want = DATA[start:start + length]
+            assert n == len(want) and bytes(buf[:n]) == want, (start, length)
+            assert buf[n:] == bytearray(len(buf) - n)           # nothing written past it
+    with pytest.raises(NotFound):
+        store.get_into("absent", 0, 10, bytearray(10))
+
+
 def test_empty_object(store):
     store.put("empty", b"")
     assert store.get("empty") == b""

@@ -25,7 +25,7 @@ _codecs.register()
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
            "decompress_many", "decompress_planes", "GpuProfile", "DEFAULT",
            "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version",
-           "crc32_many", "xxh3_128_pieces", "release_memory"]
+           "crc32_many", "xxh3_128_pieces", "release_memory", "host_buffer", "to_device"]
 
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
@@ -121,6 +121,25 @@ def xxh3_128_pieces(pieces: list, size: int, *, device: int | None = None) -> st
     from ._backend import cuda_backend
     from ._wholefile import xxh3_128_pieces as _hash
     return _hash(cuda_backend(device), pieces, size, [])
+
+
+def host_buffer(nbytes: int):
+    """A uint8 NumPy array in pinned (page-locked) host memory, from CuPy's pool: reads
+    land there and go up to the device in one copy."""
+    from ._backend import cuda_backend
+    return cuda_backend().pinned(nbytes)[: max(int(nbytes), 0)]
+
+
+def to_device(host):
+    """A device (CuPy) copy of a host uint8 array, complete when this returns (on this
+    thread's codec stream)."""
+    from ._backend import cuda_backend
+    b = cuda_backend()
+    dev = b.empty(host.nbytes)
+    if host.nbytes:
+        b.upload(dev, 0, host)
+    b.synchronize()
+    return dev
 
 
 def release_memory() -> None:

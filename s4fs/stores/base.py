@@ -48,6 +48,14 @@ class Store(ABC):
         """Bytes of ``key``; with ``start``/``end`` the half-open range [start, end)
         (clipped at the object's end). Raises NotFound when the key is missing."""
 
+    def get_into(self, key: str, start: int, end: int, out) -> int:
+        """Read [start, end) of ``key`` into the writable buffer ``out`` (at least
+        ``end - start`` bytes); returns the bytes read (fewer at the object's end). A
+        store that can read in place (a local file) overrides this."""
+        data = self.get(key, start, end)
+        memoryview(out).cast("B")[: len(data)] = data
+        return len(data)
+
     @abstractmethod
     def put(self, key: str, data) -> None:
         """Store ``data`` (bytes-like) under ``key`` atomically, replacing any object."""
