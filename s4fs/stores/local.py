@@ -24,6 +24,7 @@ partial object. Deletes prune the folders they leave empty.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -209,33 +210,31 @@ class LocalStore(Store):
     # --- the Store contract ----------------------------------------------------------
 
     def get(self, key, start=None, end=None) -> bytes:
-        try:
-            f, skip = self._open_object(key, *self._locate(key), "read")
-            with f:
-                if start or skip:
-                    f.seek(skip + (start or 0))
-                if end is None:
-                    return f.read()
-                return f.read(max(0, end - (start or 0)))
-        except S4Error:
-            raise
-        except (FileNotFoundError, NotADirectoryError):
-            raise NotFound(f"no object {key!r} in {self.url}") from None
-        except OSError as exc:
-            raise self._error("read", key, exc) from None
+        with self._reading(key) as (f, skip):
+            if start or skip:
+                f.seek(skip + (start or 0))
+            if end is None:
+                return f.read()
+            return f.read(max(0, end - (start or 0)))
 
     def get_into(self, key, start: int, end: int, out) -> int:
         mv = memoryview(out).cast("B")[: max(0, end - start)]
+        with self._reading(key) as (f, skip):
+            fd, got = f.fileno(), 0
+            while got < len(mv):
+                n = os.preadv(fd, [mv[got:]], skip + start + got)
+                if n <= 0:
+                    break
+                got += n
+            return got
+
+    @contextlib.contextmanager
+    def _reading(self, key):
+        """The object's open file and where its bytes start, with read errors mapped."""
         try:
             f, skip = self._open_object(key, *self._locate(key), "read")
             with f:
-                fd, got = f.fileno(), 0
-                while got < len(mv):
-                    n = os.preadv(fd, [mv[got:]], skip + start + got)
-                    if n <= 0:
-                        break
-                    got += n
-                return got
+                yield f, skip
         except S4Error:
             raise
         except (FileNotFoundError, NotADirectoryError):
