@@ -7,7 +7,7 @@ before the first ``[table]`` (a TOML rule)::
     store = "s3://my-bucket/checkpoints"   # a directory, file:///dir or s3://bucket/prefix
     mountpoint = "/mnt/s4"
     cache_dir = "/var/cache/s4fs"
-    device = "auto"                        # "auto", "cpu" or "cuda"
+    device = "auto"                        # "cpu", "cuda" or "auto" (the GPU below 16 cores)
     allow_other = true                     # let users other than s4fs use the mount
 
     [health]

@@ -26,7 +26,7 @@ from typing import Callable
 import xxhash
 
 from s4fs import codec, keys, metrics
-from s4fs.codec import _container, _device
+from s4fs.codec import _device
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
@@ -41,7 +41,7 @@ class IngestConfig:
     max_uploads: int = 4
     # "cpu", "cuda" or "auto" (the GPU when one is usable: s4fs.codec._device.pipeline).
     # On the GPU, chunks are coded in batches of about gpu_batch_bytes by one worker on
-    # the process's GPU thread (_GpuCoding); the API keeps the CPU unless asked.
+    # the process's GPU thread (s4fs.gpu_worker); the API keeps the CPU unless asked.
     device: str = "cpu"
     gpu_batch_bytes: int = 64 << 20
     # the GPU profile's name (s4fs.codec.gpu.PROFILES): "default" codes planes with nvCOMP
@@ -232,7 +232,8 @@ class IngestSession:
         self._proc = None
         self._gpu = None
         if _device.pipeline(cfg.device) == "cuda":
-            self._gpu = _GpuCoding(self, _BaseFile(base, base_file))
+            from s4fs.gpu_worker import GpuCoding
+            self._gpu = GpuCoding(self, _BaseFile(base, base_file))
         elif spool_path is not None and cfg.processes:
             self._proc = _ProcessCoding(self, spool_path, base_file)
 
@@ -466,151 +467,6 @@ class _BaseFile:
             if es <= soff and soff + n <= es + en:
                 return (fo + soff - es, n)
         return None
-
-
-class _GpuCoding:
-    """The GPU worker of a session: chunks gathered into batches of about
-    ``cfg.gpu_batch_bytes``; each batch gets its delta bases (read from the base
-    version's decoded copy where there is one) on the codec pool, then is coded by one or
-    two ``s4fs.codec.gpu.compress_many`` calls on the process's GPU thread while the next
-    batch fills. The choice of delta or full coding is ``code_chunk``'s; a batch the GPU
-    cannot code (out of memory, a driver error) is coded on the CPU instead, with a
-    warning, so a save never fails for it."""
-
-    def __init__(self, session: "IngestSession", bases: _BaseFile) -> None:
-        self.s = session
-        self.bases = bases
-        self.items: list[tuple] = []          # (data, dtype, base ref, where, Future)
-        self.nbytes = 0
-        cfg = session.cfg
-        self.batch_chunks = max(1, -(-cfg.gpu_batch_bytes // cfg.chunk_size))
-
-    def add(self, data, dtype: str, base: ChunkRef | None, where) -> Future:
-        fut: Future = Future()
-        self.items.append((data, dtype, base, where, fut))
-        self.nbytes += len(data)
-        if self.nbytes >= self.s.cfg.gpu_batch_bytes:
-            self.flush()
-        return fut
-
-    def flush_if_holding(self, fut: Future) -> None:
-        if any(it[-1] is fut for it in self.items):
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.items:
-            return
-        batch, self.items, self.nbytes = self.items, [], 0
-        cfg = self.s.cfg
-        _Pools.codec(cfg.workers, cfg.nice).submit(_code_gpu_batch, batch, cfg, self.s._source,
-                                                  self.bases.path)
-
-    def drop(self) -> None:
-        for *_, fut in self.items:
-            fut.cancel()
-        self.items, self.nbytes = [], 0
-
-
-def _code_gpu_batch(batch: list, cfg: IngestConfig, source, base_path) -> None:
-    """Code one batch and resolve each chunk's Future with what ``IngestSession._encode``
-    returns (runs on the codec pool; the coding itself on the GPU thread)."""
-    try:
-        prep = _prepare_bases(batch, cfg, source, base_path)
-        try:
-            results = _device.on_gpu_thread(_gpu_results, batch, prep, cfg)
-        except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
-            import logging
-            logging.getLogger("s4fs.ingest").warning(
-                "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
-                len(batch), type(exc).__name__, exc)
-            results = [_cpu_result(it, p, cfg) for it, p in zip(batch, prep)]
-    except BaseException as exc:        # noqa: BLE001 - handed to the session
-        for *_, fut in batch:
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(exc)
-        return
-    for (*_, fut), res in zip(batch, results):
-        if fut.set_running_or_notify_cancel():
-            fut.set_result(res)
-
-
-def _prepare_bases(batch: list, cfg: IngestConfig, source, base_path) -> list:
-    """Per chunk: None (code it whole), ("same", checksum) or ("delta", base bytes,
-    checksum). Base bytes come from the base version's decoded copy when it holds them
-    intact (checked against the manifest's checksum), else from the store."""
-    fd = None
-    if base_path is not None and any(it[3] is not None for it in batch):
-        try:
-            fd = os.open(base_path, os.O_RDONLY)
-        except OSError:
-            fd = None
-    out: list = []
-    try:
-        for data, _, base, where, _ in batch:
-            if not delta_candidate(base, len(data), cfg):
-                out.append(None)
-                continue
-            sum_ = codec.checksum(data)
-            raw = None
-            if fd is not None and where is not None:
-                try:
-                    raw = os.pread(fd, where[1], where[0])
-                except OSError:
-                    raw = None
-                if raw is not None and (len(raw) != base.raw or
-                                        codec.checksum(raw) != base.checksum):
-                    raw = None
-            if raw is None:
-                raw = source.get(base)
-            if base.checksum == sum_ and raw == data:
-                out.append(("same", sum_))
-            else:
-                out.append(("delta", raw, sum_))
-    finally:
-        if fd is not None:
-            os.close(fd)
-    return out
-
-
-def _cpu_result(item, prep, cfg: IngestConfig):
-    data, dtype, base, _, _ = item
-    if prep is not None and prep[0] == "same":
-        return None, base, prep[1], len(data)
-    sum_ = codec.checksum(data) if prep is None else prep[2]
-    blob, kind = code_chunk(data, dtype, sum_, base if prep else None,
-                            lambda: prep[1], cfg, device="cpu")
-    return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, len(data)
-
-
-def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
-    from s4fs.codec import gpu
-    profile = gpu.PROFILES[cfg.gpu_profile]
-    res: list = [None] * len(batch)
-    deltas = [i for i, p in enumerate(prep) if p is not None and p[0] == "delta"]
-    fulls = [i for i, p in enumerate(prep) if p is None]
-    for i, p in enumerate(prep):
-        if p is not None and p[0] == "same":
-            res[i] = (None, batch[i][2], p[1], len(batch[i][0]))
-    blobs = gpu.compress_many([(batch[i][0], batch[i][1], prep[i][1]) for i in deltas] +
-                              [(batch[i][0], batch[i][1]) for i in fulls], profile=profile,
-                              out="host")
-    again = []
-    for i, blob in zip(deltas, blobs):
-        if delta_is_tiny(len(blob), len(batch[i][0])):
-            res[i] = (blob, batch[i][2], prep[i][2], len(batch[i][0]))
-        else:
-            again.append((i, blob))
-    for i, blob in zip(fulls, blobs[len(deltas):]):
-        # the blob's header holds the chunk's XXH3-64, computed on the device
-        res[i] = (blob, None, _container.unpack(blob, whole=False).checksum, len(batch[i][0]))
-    if again:
-        full = gpu.compress_many([(batch[i][0], batch[i][1]) for i, _ in again],
-                                 profile=profile, out="host")
-        for (i, delta), f in zip(again, full):
-            keep = keep_delta(len(delta), len(f), cfg)
-            res[i] = (delta if keep else f, batch[i][2] if keep else None, prep[i][2],
-                      len(batch[i][0]))
-    return res
 
 
 class _Chunk:
