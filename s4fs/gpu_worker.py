@@ -20,16 +20,8 @@ from concurrent.futures import Future
 
 from s4fs import codec
 from s4fs.codec import _container, _device
-from s4fs.ingest import (
-    FULL,
-    SAME,
-    IngestConfig,
-    _Pools,
-    code_chunk,
-    delta_candidate,
-    delta_is_tiny,
-    keep_delta,
-)
+from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, code_chunk, delta_candidate,
+                         delta_is_tiny, keep_delta)
 from s4fs.manifest import ChunkRef
 
 log = logging.getLogger("s4fs.ingest")
