@@ -95,7 +95,10 @@ def _sequences(n: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         more = ends > edge
         starts, ends = edge[more], ends[more]
     rs, re_ = np.concatenate(pieces_s), np.concatenate(pieces_e)
-    keep = re_ - rs >= 4                     # one literal zero + a match of at least 3
+    # one literal zero + a match of at least 4: zstd's sequence check refuses shorter
+    # matches at its default minMatch (a run cut to 4 bytes at a block edge made
+    # ZSTD_compressSequences fail; hypothesis found it)
+    keep = re_ - rs >= 5
     rs, re_ = rs[keep], re_[keep]
     order = np.argsort(rs, kind="stable")
     rs, re_ = rs[order], re_[order]

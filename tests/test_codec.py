@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from s4fs import codec
@@ -448,6 +448,7 @@ def test_struct_layout_of_the_fixed_header_is_stable():
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 300_000), seed=st.integers(0, 2**32 - 1),
        runs=st.lists(st.tuples(st.integers(0, 299_999), st.integers(1, 200_000)), max_size=12))
+@example(n=65564, seed=0, runs=[(65532, 32)])        # a run cut to 4 bytes at a block edge
 def test_hand_built_zstd_frames_decode_exactly(n, seed, runs):
     """Literal-only and zero-run frames: runs at the edges, across 64 KiB block edges,
     shorter than MIN_RUN, covering everything."""
