@@ -500,3 +500,39 @@ def test_gpu_mount_decodes_ahead_on_the_gpu(tmp_path, monkeypatch):
             assert f.read() == series[-1]
     finally:
         other.close()
+
+
+def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path, monkeypatch,
+                                                                        caplog):
+    """One flipped byte in a pack: the GPU's decode ahead refuses the batch (the blob is
+    checked against the manifest, every output against its checksum), the reader falls
+    back to decoding in the daemon, which reports the corruption; no copy is kept."""
+    from emulated_gpu import emulated_gpu
+    from s4fs.errors import ChecksumError
+    emulated_gpu(monkeypatch)
+    gpu_cfg = dict(device="cuda", gpu_profile="portable", gpu_batch_bytes=2 << 20)
+    fs = make_fs(tmp_path, **gpu_cfg)
+    try:
+        m = save(fs, "ckpt.pt", torch_bytes(adversarial_state(5)))
+    finally:
+        fs.close()
+    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
+              key=lambda c: c.stored)
+    store = LocalStore(str(tmp_path / "store"))
+    pack = bytearray(store.get(ref.pack))
+    pack[ref.offset + ref.stored // 2] ^= 0x40
+    store.put(ref.pack, bytes(pack))
+    other = Filesystem(store, FsConfig(ingest=IngestConfig(**gpu_cfg),
+                                       cache_dir=str(tmp_path / "cold")))
+    try:
+        r = other.open_read("ckpt.pt")
+        try:
+            with caplog.at_level("WARNING", logger="s4fs.fill"), pytest.raises(ChecksumError):
+                torch_load_pattern(r, r.size)
+        finally:
+            r.release()
+        time.sleep(0.5)
+        assert "ahead failed" in caplog.text          # the GPU fill saw it first
+        assert other.decoded.path_of(m.id) is None
+    finally:
+        other.close()
