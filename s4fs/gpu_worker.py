@@ -20,8 +20,8 @@ from concurrent.futures import Future
 
 from s4fs import codec
 from s4fs.codec import _container, _device
-from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, code_chunk, delta_candidate,
-                         delta_is_tiny, keep_delta)
+from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, base_from_file, code_chunk,
+                         delta_candidate, delta_is_tiny, keep_delta)
 from s4fs.manifest import ChunkRef
 
 log = logging.getLogger("s4fs.ingest")
@@ -109,15 +109,7 @@ def _prepare_bases(batch: list, cfg: IngestConfig, source, base_path) -> list:
                 out.append(None)
                 continue
             sum_ = codec.checksum(data)
-            raw = None
-            if fd is not None and where is not None:
-                try:
-                    raw = os.pread(fd, where[1], where[0])
-                except OSError:
-                    raw = None
-                if raw is not None and (len(raw) != base.raw or
-                                        codec.checksum(raw) != base.checksum):
-                    raw = None
+            raw = base_from_file(fd, where, base)
             if raw is None:
                 raw = source.get(base)
             if base.checksum == sum_ and raw == data:

@@ -469,6 +469,30 @@ class _BaseFile:
         return None
 
 
+def base_from_file(fd: int | None, where: tuple[int, int] | None,
+                   base: ChunkRef) -> bytes | None:
+    """The raw bytes of chunk ``base`` read at ``where`` (offset, length) in the base
+    version's decoded copy open at ``fd``, or None when that copy cannot give them intact
+    (no copy, short read, an error, or bytes that fail the manifest's checksum)."""
+    if fd is None or where is None:
+        return None
+    off, n = where
+    parts, got = [], 0
+    try:
+        while got < n:
+            more = os.pread(fd, n - got, off + got)
+            if not more:
+                return None
+            parts.append(more)
+            got += len(more)
+    except OSError:
+        return None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    if len(data) != base.raw or codec.checksum(data) != base.checksum:
+        return None
+    return data
+
+
 class _Chunk:
     """A chunk being gathered for a worker: its spool ranges and a running hash."""
 

@@ -32,6 +32,18 @@ def _truncated(pack: str, offset: int, got: int, want: int) -> ChecksumError:
         f"file cannot be read back intact")
 
 
+@contextlib.contextmanager
+def _corrupt(what: str):
+    """A blob the codec refuses (malformed, or not matching its base) as a ChecksumError
+    naming ``what``: to a reader, both mean the stored bytes are corrupt."""
+    try:
+        yield
+    except ChecksumError:
+        raise
+    except (codec.FormatError, codec.BaseMismatchError) as exc:
+        raise ChecksumError(f"{what} is corrupt: {exc}") from None
+
+
 class WholeFileHash:
     """The whole-file hash of a version, extended over bytes read in order from offset 0;
     ``see`` returns False once the end is reached and the hash does not match (True
@@ -88,14 +100,10 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
             blobs = nxt.result()
             if k + 1 < len(groups):
                 nxt = ahead.submit(read, groups[k + 1])
-            try:
+            with _corrupt("a chunk of this file"):
                 outs = run(gpu.decompress_many,
                            blobs, [decoded[r.base.key()] if r.base is not None else None
                                    for r in group], out="device")
-            except ChecksumError:
-                raise
-            except (codec.FormatError, codec.BaseMismatchError) as exc:
-                raise ChecksumError(f"a chunk of this file is corrupt: {exc}") from None
             decoded.update((r.key(), o) for r, o in zip(group, outs))
     return decoded
 
@@ -124,9 +132,11 @@ def _read_runs(source: "ChunkSource", group: list, pool):
         starts.append(total)
         total += hi - lo
     host = gpu.host_buffer(total)
-    list(pool.map(lambda k: source.read_into(runs[k][0], runs[k][1], runs[k][2],
-                                             host[starts[k]: starts[k] + runs[k][2] - runs[k][1]]),
-                  range(len(runs))))
+
+    def fill(k: int) -> None:
+        pack, lo, hi = runs[k]
+        source.read_into(pack, lo, hi, host[starts[k]: starts[k] + hi - lo])
+    list(pool.map(fill, range(len(runs))))
     at = [starts[k] + off for k, off in place]
     for r, p in zip(group, at):
         source.check_blob(r, host[p: p + r.stored])
@@ -231,10 +241,6 @@ class ChunkSource:
                 f"needs it cannot be read back (was it deleted by hand, or by a lifecycle "
                 f"rule?)") from None
 
-    def checked_blob(self, ref: ChunkRef) -> bytes:
-        """``ref``'s blob, once its header matches what the manifest expects of it."""
-        return self.check_blob(ref, self.fetch_blob(ref))
-
     def check_blob(self, ref: ChunkRef, blob):
         """``blob`` if its header is the one the manifest expects of ``ref``."""
         try:
@@ -250,15 +256,10 @@ class ChunkSource:
         return blob
 
     def _decode(self, ref: ChunkRef) -> bytes:
-        blob = self.checked_blob(ref)
+        blob = self.check_blob(ref, self.fetch_blob(ref))
         base = self.get(ref.base) if ref.base is not None else None
-        try:
+        with _corrupt(f"chunk at {ref.pack}@{ref.offset}"):
             return codec.decompress(blob, base=base, device=self.device)
-        except ChecksumError:
-            raise
-        except (codec.FormatError, codec.BaseMismatchError) as exc:
-            raise ChecksumError(
-                f"chunk at {ref.pack}@{ref.offset} is corrupt: {exc}") from None
 
     def prefetch(self, refs) -> None:
         for ref in refs:

@@ -38,7 +38,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from s4fs.errors import CodecError
-from s4fs.ingest import SAME, IngestConfig, code_chunk
+from s4fs.ingest import SAME, IngestConfig, base_from_file, code_chunk
 from s4fs.manifest import ChunkRef
 
 
@@ -136,16 +136,8 @@ def _pread_all(fd: int, offset: int, length: int) -> bytes:
 
 
 def _base_bytes(job: Job, item: Item, base_fd: int | None) -> bytes:
-    from s4fs import codec
-    if base_fd is not None and item.base_range is not None:
-        off, n = item.base_range
-        try:
-            data = _pread_all(base_fd, off, n)
-        except (OSError, CodecError):
-            data = b""
-        if len(data) == item.base.raw and codec.checksum(data) == item.base.checksum:
-            return data
-    return _source(job.store).get(item.base)
+    data = base_from_file(base_fd, item.base_range, item.base)
+    return data if data is not None else _source(job.store).get(item.base)
 
 
 def code_batch(job: Job) -> JobResult:

@@ -358,10 +358,8 @@ def _as_read(layouts, meta, at):
             elif ph.codec_id == P.CONST:
                 row.append(("fill", meta[where]))
             else:
-                name = P.codec_name(ph.codec_id)
-                ptab = _payload.parse_table(mv[where: where + _payload.header_size(
-                    ph.raw_len, _payload.FIXED.unpack_from(mv, where)[4])], ph.enc_len,
-                    ph.raw_len, name)
+                ptab = _payload.parse_table(mv[where:], ph.enc_len, ph.raw_len,
+                                            P.codec_name(ph.codec_id))
                 row.append(("coded", spec_for(ph.codec_id, ptab), ptab.sizes,
                             pos + ptab.data_offset))
             pos += ph.enc_len
