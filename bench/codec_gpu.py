@@ -82,13 +82,20 @@ class Timer:
         import cupy
         self.cp = cupy
         self.stages: dict[str, float] = {}
+        self.host: dict[str, float] = {}       # of which the host was busy (not waiting)
         self.t = time.perf_counter()
 
     def mark(self, stage: str) -> None:
+        busy = time.perf_counter()
         self.cp.cuda.Device().synchronize()
         now = time.perf_counter()
         self.stages[stage] = self.stages.get(stage, 0.0) + now - self.t
+        self.host[stage] = self.host.get(stage, 0.0) + busy - self.t
         self.t = now
+
+    def row(self) -> str:
+        return ", ".join(f"{k} {1e3 * v:.1f} ({1e3 * self.host[k]:.1f})"
+                         for k, v in self.stages.items())
 
 
 def _data(args, weights):
@@ -158,32 +165,33 @@ def _ans_alone(items, profile, repeat):
     from s4fs.codec.gpu._backend import cuda_backend, round_up
     b = cuda_backend()
     keep: list = []
-    jobs = [_common.plan(lookup(d), _common.gpu_layout(lookup(d), profile),
-                         t.numel() * t.element_size(), profile) for t, d in items]
-    total, nplanes = _common.place(jobs)
+    dts = [lookup(d) for _, d in items]
+    pl = _common.Plan(dts, [_common.gpu_layout(dt, profile) for dt in dts],
+                      [t.numel() * t.element_size() for t, _ in items], profile)
+    total, nplanes = pl.place(), pl.nplanes
     scratch, flags = b.empty(total), b.zeros(4 * nplanes)
-    descs = _common.descriptors(jobs, [t.data_ptr() for t, _ in items], [0] * len(items),
-                                b.ptr(scratch))
-    _common.launch_planes(b, "split", jobs, descs, b.ptr(flags), keep)
-    planes = [p for j in jobs for p in j.planes]
-    cand = [k for k, p in enumerate(planes) if p.spec is not None and p.spec.name == "ans"]
-    hist = _common.sample_entropy(b, [b.ptr(scratch) + planes[k].off for k in cand],
-                                  [planes[k].raw for k in cand], keep)
+    descs = pl.descriptors([t.data_ptr() for t, _ in items], [0] * len(items), b.ptr(scratch))
+    _common.launch_planes(b, "split", pl, descs, b.ptr(flags), keep)
+    cand = [k for k in range(nplanes)
+            if pl.spec[k] >= 0 and pl.specs[pl.spec[k]].name == "ans"]
+    hist = _common.sample_entropy(b, [b.ptr(scratch) + int(pl.off[k]) for k in cand],
+                                  [int(pl.raw[k]) for k in cand], keep)
     h_hist = np.empty(256 * max(len(cand), 1), dtype=np.uint32)
     h_flags = np.empty(nplanes, dtype=np.uint32)
     b.download(hist, 0, h_hist.view(np.uint8))
     b.download(flags, 0, h_flags.view(np.uint8))
     b.synchronize()
     bits = _common.entropy_bits(h_hist)
-    chosen = [planes[k] for k, h in zip(cand, bits) if h_flags[k] and h < profile.max_entropy]
+    chosen = [k for k, h in zip(cand, bits) if h_flags[k] and h < profile.max_entropy]
     if not chosen:
         return None
-    spec = chosen[0].spec
+    spec = pl.specs[pl.spec[chosen[0]]]
     offs, sizes = [], []
-    for p in chosen:
-        for k in range(0, p.raw, spec.chunk):
-            offs.append(p.off + k)
-            sizes.append(min(spec.chunk, p.raw - k))
+    for q in chosen:
+        off, raw = int(pl.off[q]), int(pl.raw[q])
+        for k in range(0, raw, spec.chunk):
+            offs.append(off + k)
+            sizes.append(min(spec.chunk, raw - k))
     stride = round_up(b.max_compressed(spec), 256)
     dst = b.empty(stride * len(offs))
     dst_off = [stride * i for i in range(len(offs))]
@@ -243,7 +251,7 @@ def _measure(gpu, set_name, prof, items, chunks, raw, args):
                 gpu.decompress_many(hblobs, out="host", timer=tm)
             tot = sum(tm.stages.values())
             stages.append([set_name, prof.name, kind, f"{1e3 * tot:.1f}",
-                           ", ".join(f"{k} {1e3 * v:.1f}" for k, v in tm.stages.items())])
+                           f"{1e3 * sum(tm.host.values()):.1f}", tm.row()])
     return row, stages
 
 
@@ -295,8 +303,9 @@ def run(args=None) -> None:
             "nvCOMP ANS alone enc / dec GB/s", "bit-exact"]
     print()
     _print(head, rows)
-    print("\nwhere the time goes (one run, device synchronized between stages; ms):\n")
-    _print(["data", "GPU profile", "", "total ms", "stages (ms)"], stages)
+    print("\nwhere the time goes (one run, device synchronized between stages; ms, in "
+          "brackets the host's share: the Python work before the stage's wait):\n")
+    _print(["data", "GPU profile", "", "total ms", "host ms", "stages: ms (host ms)"], stages)
 
 
 def _print(head, rows) -> None:

@@ -157,3 +157,207 @@ def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
         what = "truncated" if end > size else "followed by extra bytes"
         raise FormatError(f"blob is {what}: header describes {end} bytes, got {size}")
     return Header(dcode, flags, layout, checksum, base_checksum, raw_len, tuple(planes), pos)
+
+
+# --------------------------------------------------------------------------- many at once
+# The same header, written and read for a whole batch of blobs with array operations
+# (the GPU codec codes hundreds of chunks per call; a Python loop per header cost more
+# than the device's work). ``header`` and ``unpack`` above remain the definition: the
+# tests check these two against them byte for byte and field for field.
+
+def _np():
+    import numpy as np
+    return np
+
+
+def varint_sizes(values):
+    """Bytes of the LEB128 varint of every value (an integer array)."""
+    np = _np()
+    v = np.asarray(values, dtype=np.uint64)
+    n = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, 10):
+        n += v >= np.uint64(1 << (7 * k))
+    return n
+
+
+def header_sizes(delta, raw_len, plane_blob, plane_raw, plane_enc):
+    """Header bytes of every blob: ``delta`` and ``raw_len`` per blob; the planes as
+    columns (blob index, raw and encoded length), in blob order."""
+    np = _np()
+    delta = np.asarray(delta, dtype=bool)
+    per_plane = 2 + varint_sizes(plane_raw) + varint_sizes(plane_enc)
+    planes = np.bincount(np.asarray(plane_blob, dtype=np.int64), weights=per_plane,
+                         minlength=len(delta)).astype(np.int64)
+    return _FIXED.size + 8 * delta + varint_sizes(raw_len) + planes
+
+
+def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
+                plane_blob, plane_cid, plane_major, plane_raw, plane_enc):
+    """Every blob's header (as ``header`` writes it), back to back.
+
+    Per blob: dtype code, flags, layout, checksum, base checksum (read when the delta
+    flag is set), raw length; per plane (columns in blob order): blob index, codec id,
+    codec major, raw and encoded length. Returns (uint8 array, start of each header,
+    length of each header).
+    """
+    np = _np()
+    flags = np.asarray(flags, dtype=np.int64)
+    if np.any(flags & ~KNOWN_FLAGS):
+        raise ValueError("unknown container flags")
+    nb = len(flags)
+    pb = np.asarray(plane_blob, dtype=np.int64)
+    nplanes = np.bincount(pb, minlength=nb)
+    delta = (flags & FLAG_DELTA) != 0
+    u64 = np.uint64
+    # every field as (blob, order, kind, value); kind 1: one byte, 8: u64, 0: varint
+    fixed = np.stack([np.full(nb, b, dtype=np.uint64) for b in MAGIC] +
+                     [np.full(nb, MAJOR, u64), np.full(nb, MINOR, u64),
+                      np.asarray(dtype_code, u64), flags.astype(u64), np.asarray(layout, u64),
+                      nplanes.astype(u64)], axis=1)
+    blobs = [np.repeat(np.arange(nb), 10), np.arange(nb), np.flatnonzero(delta), np.arange(nb)]
+    kinds = [np.ones(10 * nb, dtype=np.int64), np.full(nb, 8), np.full(int(delta.sum()), 8),
+             np.zeros(nb, dtype=np.int64)]
+    vals = [fixed.reshape(-1), np.asarray(checksum, u64),
+            np.asarray(base_checksum, u64)[delta] if delta.any() else np.zeros(0, u64),
+            np.asarray(raw_len, u64)]
+    orders = [np.tile(np.arange(10), nb), np.full(nb, 10), np.full(int(delta.sum()), 11),
+              np.full(nb, 12)]
+    first = np.cumsum(nplanes) - nplanes
+    k = np.arange(len(pb)) - first[pb]
+    pvals = np.stack([np.asarray(plane_cid, u64), np.asarray(plane_major, u64),
+                      np.asarray(plane_raw, u64), np.asarray(plane_enc, u64)], axis=1)
+    blobs.append(np.repeat(pb, 4))
+    kinds.append(np.tile(np.array([1, 1, 0, 0]), len(pb)))
+    vals.append(pvals.reshape(-1))
+    orders.append((13 + 4 * np.repeat(k, 4) + np.tile(np.arange(4), len(pb))))
+    blob, kind, val, order = (np.concatenate(x) for x in (blobs, kinds, vals, orders))
+    sort = np.lexsort((order, blob))
+    blob, kind, val = blob[sort], kind[sort], val[sort]
+    width = np.where(kind == 0, varint_sizes(val), kind)
+    off = np.cumsum(width) - width
+    out = np.zeros(int(width.sum()), dtype=np.uint8)
+    m = kind == 1
+    out[off[m]] = val[m].astype(np.uint8)
+    m8 = np.flatnonzero(kind == 8)
+    for b in range(8):
+        out[off[m8] + b] = ((val[m8] >> u64(8 * b)) & u64(0xFF)).astype(np.uint8)
+    mv = np.flatnonzero(kind == 0)
+    vv, wv = val[mv], width[mv]
+    for b in range(10):
+        sel = wv > b
+        if not sel.any():
+            break
+        byte = (vv[sel] >> u64(7 * b)) & u64(0x7F)
+        out[off[mv[sel]] + b] = (byte | np.where(wv[sel] - 1 > b, u64(0x80), u64(0))
+                                 ).astype(np.uint8)
+    lens = np.bincount(blob, weights=width, minlength=nb).astype(np.int64)
+    return out, np.cumsum(lens) - lens, lens
+
+
+class Headers:
+    """Many parsed headers as columns (what :func:`unpack_many` returns): per blob
+    ``dtype_code``, ``flags``, ``layout``, ``checksum``, ``base_checksum`` (0 when not a
+    delta), ``raw_len``, ``nplanes``, ``payload_offset``, ``plane0`` (its first plane);
+    per plane ``blob``, ``codec_id``, ``codec_major``, ``raw_len``, ``enc_len``, ``pos``
+    (payload offset in its blob)."""
+
+    def __init__(self, **cols) -> None:
+        self.__dict__.update(cols)
+
+    def __len__(self) -> int:
+        return len(self.raw_len)
+
+    @property
+    def delta(self):
+        return (self.flags & FLAG_DELTA) != 0
+
+
+def unpack_many(buf, starts, totals, avail=None):
+    """Parse many headers from one byte array: each blob's first ``avail`` bytes (default:
+    to the end of ``buf``) at ``starts``, its full length in ``totals``. Returns
+    (:class:`Headers`, indices of the blobs it could not read: ones ``unpack`` refuses,
+    or whose header runs past their ``avail`` bytes; ``unpack`` on one says why). The
+    fields of those blobs are undefined.
+    """
+    np = _np()
+    a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    starts = np.asarray(starts, dtype=np.int64)
+    totals = np.asarray(totals, dtype=np.int64)
+    nb = len(starts)
+    limit = len(a) if avail is None else np.minimum(starts + np.asarray(avail, np.int64), len(a))
+    bad = starts + _FIXED.size > limit
+    pad = np.concatenate([a, np.zeros(96, dtype=np.uint8)])
+    s = np.where(bad, 0, starts)
+
+    def byte(pos):
+        return pad[np.minimum(pos, len(pad) - 1)].astype(np.uint64)
+
+    def u64le(pos):
+        v = np.zeros(len(pos), dtype=np.uint64)
+        for b in range(8):
+            v |= byte(pos + b) << np.uint64(8 * b)
+        return v
+
+    magic = np.stack([pad[s + b] for b in range(4)], axis=1)
+    bad |= ~np.all(magic == np.frombuffer(MAGIC, dtype=np.uint8), axis=1)
+    major, dcode, flags, layout, npl = (pad[s + o].astype(np.int64) for o in (4, 6, 7, 8, 9))
+    bad |= (major != MAJOR) | ((flags & ~KNOWN_FLAGS) != 0)
+    checksum = u64le(s + 10)
+    delta = (flags & FLAG_DELTA) != 0
+    base = np.where(delta, u64le(s + 18), np.uint64(0))
+    pos = s + 18 + 8 * delta
+
+    def varint(pos):
+        n = np.zeros(len(pos), dtype=np.uint64)
+        done = np.zeros(len(pos), dtype=bool)
+        ln = np.zeros(len(pos), dtype=np.int64)
+        for k in range(10):
+            c = byte(pos + k)
+            take = ~done
+            n |= np.where(take, (c & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
+            ln += take
+            done |= (c & np.uint64(0x80)) == 0
+        # unpack refuses a varint of more than 10 bytes (shift > 70); 10 bytes overflows u64
+        return n, pos + ln, ~done | (ln == 10)
+
+    raw_len, pos, over = varint(pos)
+    bad |= over
+    if npl.sum() > 0:
+        pb = np.repeat(np.arange(nb), npl)
+        first = np.cumsum(npl) - npl
+        cid = np.zeros(len(pb), dtype=np.int64)
+        cmaj = np.zeros(len(pb), dtype=np.int64)
+        praw = np.zeros(len(pb), dtype=np.uint64)
+        penc = np.zeros(len(pb), dtype=np.uint64)
+        for k in range(int(npl.max())):
+            live = np.flatnonzero(npl > k)
+            p = pos[live]
+            sel = first[live] + k
+            cid[sel] = byte(p).astype(np.int64)
+            cmaj[sel] = byte(p + 1).astype(np.int64)
+            r, p, o1 = varint(p + 2)
+            e, p, o2 = varint(p)
+            praw[sel], penc[sel] = r, e
+            bad[live] |= o1 | o2
+            pos[live] = p
+    else:
+        pb = np.zeros(0, dtype=np.int64)
+        first = np.zeros(nb, dtype=np.int64)
+        cid = cmaj = np.zeros(0, dtype=np.int64)
+        praw = penc = np.zeros(0, dtype=np.uint64)
+    bad |= pos > limit
+    hlen = pos - s
+    big = penc > np.uint64(1 << 62)
+    bad |= np.bincount(pb, weights=big, minlength=nb) > 0
+    enc_i = np.where(big, 0, penc).astype(np.int64)
+    ends = hlen + np.bincount(pb, weights=enc_i, minlength=nb).astype(np.int64)
+    bad |= ends != totals
+    bad |= raw_len > np.uint64(1 << 62)
+    excl = np.cumsum(enc_i) - enc_i
+    ppos = np.repeat(hlen, npl) + excl - np.repeat(np.append(excl, 0)[first], npl)
+    heads = Headers(dtype_code=dcode, flags=flags, layout=layout, checksum=checksum,
+                    base_checksum=base, raw_len=raw_len.astype(np.int64), nplanes=npl,
+                    payload_offset=hlen, plane0=first, blob=pb, codec_id=cid,
+                    codec_major=cmaj, plane_raw=praw.astype(np.int64), enc_len=enc_i,
+                    pos=ppos)
+    return heads, np.flatnonzero(bad)

@@ -275,15 +275,15 @@ def test_emulated_planes_are_the_cpu_planes(emu):
         for layout in _planes.LAYOUTS:
             if _kernels.variant(dt, layout) is None or (layout == _planes.FLOAT and not dt.is_float):
                 continue
-            job = _common.plan(dt, layout, len(data))
-            total, nplanes = _common.place([job])
+            pl = _common.Plan([dt], [layout], [len(data)])
+            total, nplanes = pl.place(), pl.nplanes
             src, scratch, flags = emu.empty(len(data)), emu.empty(total), emu.zeros(4 * nplanes + 4)
             src[: len(data)] = np.frombuffer(data, dtype=np.uint8)
             keep: list = []
-            d = _common.descriptors([job], [emu.ptr(src)], [0], emu.ptr(scratch))
-            _common.launch_planes(emu, "split", [job], d, emu.ptr(flags), keep)
+            d = pl.descriptors([emu.ptr(src)], [0], emu.ptr(scratch))
+            _common.launch_planes(emu, "split", pl, d, emu.ptr(flags), keep)
             ref = _planes.split(memoryview(data), dt, layout)
-            got = [scratch[p.off: p.off + p.raw].tobytes() for p in job.planes]
+            got = [scratch[o: o + r].tobytes() for o, r in zip(pl.off.tolist(), pl.raw.tolist())]
             assert got == [bytes(r) for r in ref], (name, layout)
 
 
@@ -382,17 +382,17 @@ def test_emulated_self_check_reads_what_the_header_says(emu, monkeypatch):
     encoder meant: a payload table that lies about its chunk sizes is caught, and the
     blob is coded on the CPU instead."""
     from s4fs.codec.gpu import _decode, _encode, _payload
-    real = _payload.pack_header
+    real = _payload.pack_many
 
-    def lying(version, option, chunk, sizes):
-        sizes = np.asarray(sizes).copy()
-        sizes[0] += 1
-        return real(version, option, chunk, sizes)
-    monkeypatch.setattr(_payload, "pack_header", lying)
+    def lying(version, option, chunk, sizes, counts):
+        sizes, counts = np.asarray(sizes).copy(), np.asarray(counts)
+        sizes[(np.cumsum(counts) - counts)[counts > 0]] += 1     # every table's first chunk
+        return real(version, option, chunk, sizes, counts)
+    monkeypatch.setattr(_payload, "pack_many", lying)
     rng = np.random.default_rng(9)
     datas = [(rng.standard_normal(40_000) * 0.02).astype(np.float32).tobytes() for _ in range(2)]
     blobs = _encode.compress_many([(d, "float32") for d in datas], backend=emu)
-    monkeypatch.setattr(_payload, "pack_header", real)
+    monkeypatch.setattr(_payload, "pack_many", real)
     assert _decode.decompress_many(blobs, backend=emu) == datas
     for blob in blobs:                            # came from the CPU: no nvCOMP planes
         assert not {p["codec"] for p in inspect(blob).planes} & {"nvcomp-ans", "nvcomp-deflate"}
@@ -633,3 +633,21 @@ def test_write_twin_fixtures():
             assert decompress(blob, base=base, device="cpu") == data
     with open(os.path.join(TWINS, "manifest.json"), "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
+
+
+def test_emulated_decoder_reads_gpu_blobs_in_one_batch(emu, monkeypatch):
+    """GPU-written blobs (raw, constant and nvCOMP planes, deltas, odd sizes) are read by
+    the batch header reader; only blobs it cannot take go blob by blob."""
+    from s4fs.codec.gpu import _decode, _encode
+    cases = [c for c in _cases(6_000) if c[3] is None or len(c[3]) == len(c[2])]
+    blobs = _encode.compress_many([(x, d, b) for _, d, x, b in cases], backend=emu)
+
+    def refuse(self):
+        raise AssertionError("went blob by blob")
+    monkeypatch.setattr(_decode._Decode, "_headers_each", refuse)
+    outs = _decode.decompress_many(blobs, [b for *_, b in cases], backend=emu)
+    assert outs == [x for _, _, x, _ in cases]
+    data = (np.random.default_rng(4).standard_normal(50_000) * 0.02).astype(np.float32).tobytes()
+    cpu = compress(data, "float32", device="cpu")             # zstd planes: host-decoded
+    with pytest.raises(AssertionError, match="blob by blob"):
+        _decode.decompress_many([cpu], backend=emu)

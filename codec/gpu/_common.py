@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,13 +87,14 @@ def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
     and come back as ``("host", offset, nbytes)`` until :func:`finish` places them."""
     from .._buffers import as_bytes
     out: list = []
+    devices: dict = {}              # one stream wait per device, not one per tensor
     for data in datas:
         mod = type(data).__module__
         if mod.startswith("torch") and getattr(data, "is_cuda", False):
-            t = data.detach().contiguous()
-            backend.wait_external(t)
+            t = data if data.is_contiguous() else data.contiguous()
+            devices.setdefault(t.device, t)
             keep.append(t)
-            out.append(Buffer(int(t.data_ptr()), t.numel() * t.element_size(), t))
+            out.append(Buffer(t.data_ptr(), t.numel() * t.element_size(), t))
         elif mod.startswith("cupy") or (hasattr(data, "__cuda_array_interface__")
                                         and not mod.startswith("torch")):
             if backend.emulated:
@@ -105,6 +106,8 @@ def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
         else:
             mv = as_bytes(data)
             out.append(("host", staging.add(mv), len(mv)))
+    for t in devices.values():      # after every copy .contiguous() queued
+        backend.wait_external(t)
     return out
 
 
@@ -263,52 +266,106 @@ def download_ranges(b, ranges: list[tuple[int, int]], keep: list) -> list[bytes]
     return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), lens.tolist())]
 
 
-def launch_planes(b, kind: str, jobs: list, descs: np.ndarray, flags_ptr: int, keep: list):
-    """``split`` or ``merge`` of every job: one launch per plane layout."""
-    order = sorted(range(len(jobs)), key=lambda i: jobs[i].variant)
+def launch_planes(b, kind: str, pl: "Plan", descs: np.ndarray, flags_ptr: int, keep: list):
+    """``split`` or ``merge`` of every chunk of a plan: one launch per plane layout."""
+    order = np.argsort(pl.var, kind="stable")
     d = np.ascontiguousarray(descs[order])
     dev = b.empty(d.nbytes)
     b.upload(dev, 0, d.reshape(-1).view(np.uint8))
     keep += [d, dev]
-    start = 0
-    while start < len(order):
-        v = jobs[order[start]].variant
-        end = start
-        while end < len(order) and jobs[order[end]].variant == v and end - start < MAX_GRID_Y:
-            end += 1
-        groups = max(jobs[order[i]].n // 8 + 1 for i in range(start, end))
-        args = [b.ptr(dev) + start * K.DESC_FIELDS * 8]
-        if kind == "split":
-            args.append(flags_ptr)
-        # about four groups of eight words per thread
-        b.launch(K.kernel_name(kind, *v), (max(1, min(-(-groups // 512), 4096)), end - start),
-                 128, args)
-        start = end
+    var = pl.var[order]
+    groups = pl.n[order] // 8 + 1
+    cuts = np.flatnonzero(np.diff(var)) + 1
+    for lo, hi in zip(np.concatenate([[0], cuts]).tolist(),
+                      np.concatenate([cuts, [len(order)]]).tolist()):
+        v = pl.variants[int(var[lo])]
+        for start in range(lo, hi, MAX_GRID_Y):
+            end = min(hi, start + MAX_GRID_Y)
+            args = [b.ptr(dev) + start * K.DESC_FIELDS * 8]
+            if kind == "split":
+                args.append(flags_ptr)
+            most = int(groups[start:end].max())
+            # about four groups of eight words per thread
+            b.launch(K.kernel_name(kind, *v), (max(1, min(-(-most // 512), 4096)), end - start),
+                     128, args)
 
 
 # --------------------------------------------------------------------------- plan
 
-@dataclass
-class Plane:
-    raw: int
-    role: str = "other"        # sign | exp | mant | other | tail
-    off: int = 0               # offset in the plane scratch
-    spec: CodecSpec | None = None
-    chunk0: int = 0            # first chunk in its codec batch
-    nchunks: int = 0
-    comp: int = 0              # compressed bytes of all its chunks
+SIGN, EXP, MANT, OTHER, TAIL = range(5)       # plane roles
 
 
-@dataclass
-class Job:
-    dt: DType
-    layout: int
-    raw_len: int
-    variant: tuple[int, int, int, int]
-    n: int                     # whole words (elements for BYTES, bytes for FLAT)
-    tail: int                  # bytes past the last whole word
-    planes: list[Plane] = field(default_factory=list)
-    flag0: int = 0
+class Plan:
+    """The planes of many chunks as columns (the same planes as ``_planes.split``).
+
+    Per chunk (job): ``dts``, ``layout``, ``raw_len``, ``var`` (index into ``variants``:
+    the split/merge kernel), ``n`` (whole words; bytes for FLAT), ``tail`` (bytes past
+    the last word), ``p0`` / ``np`` (its planes). Per plane: ``job``, ``k`` (its index in
+    the chunk), ``raw``, ``role``, ``spec`` (index into ``specs``, -1: not coded) and,
+    once :meth:`place` ran, ``off`` (offset in one scratch buffer; planes are also the
+    split kernel's flag indices). Chunks of the same shape share one cached template.
+    """
+
+    def __init__(self, dts: list, layouts, raw_lens, profile: GpuProfile | None = None):
+        tpl: dict = {}
+        rows = []
+        ids = np.empty(len(dts), dtype=np.int64)
+        for i, key in enumerate(zip(dts, layouts, raw_lens)):
+            t = tpl.get(key)
+            if t is None:
+                t = tpl[key] = len(rows)
+                rows.append(_template(key[0], key[1], key[2], profile))
+            ids[i] = t
+        self.dts = list(dts)
+        self.layout = np.asarray(layouts, dtype=np.int64).reshape(-1)
+        self.raw_len = np.asarray(raw_lens, dtype=np.int64).reshape(-1)
+        self.variants = list(dict.fromkeys(r[0] for r in rows))
+        self.specs = list(dict.fromkeys(sp for r in rows for _, _, sp in r[3] if sp))
+        vid = {v: k for k, v in enumerate(self.variants)}
+        sid = {v: k for k, v in enumerate(self.specs)}
+        t_var = np.array([vid[r[0]] for r in rows], dtype=np.int64)
+        t_n = np.array([r[1] for r in rows], dtype=np.int64)
+        t_tail = np.array([r[2] for r in rows], dtype=np.int64)
+        t_np = np.array([len(r[3]) for r in rows], dtype=np.int64)
+        t_start = np.cumsum(t_np) - t_np
+        flat = [p for r in rows for p in r[3]]
+        tp_raw = np.array([p[0] for p in flat], dtype=np.int64)
+        tp_role = np.array([p[1] for p in flat], dtype=np.int64)
+        tp_spec = np.array([sid[p[2]] if p[2] else -1 for p in flat], dtype=np.int64)
+        self.var, self.n, self.tail, self.np = t_var[ids], t_n[ids], t_tail[ids], t_np[ids]
+        self.p0 = np.cumsum(self.np) - self.np
+        self.job = np.repeat(np.arange(len(ids)), self.np)
+        self.k = np.arange(len(self.job)) - self.p0[self.job]
+        src = t_start[ids][self.job] + self.k
+        self.raw, self.role, self.spec = tp_raw[src], tp_role[src], tp_spec[src].copy()
+        self.off = np.zeros(len(self.job), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.raw_len)
+
+    @property
+    def nplanes(self) -> int:
+        return len(self.job)
+
+    def place(self) -> int:
+        """Offsets of every plane in one scratch buffer; returns its size."""
+        size = (self.raw + ALIGN - 1) // ALIGN * ALIGN
+        self.off = np.cumsum(size) - size
+        return int(size.sum())
+
+    def descriptors(self, main, bases, scratch_ptr: int) -> np.ndarray:
+        """The split/merge kernels' descriptors: data (or output) and base pointers per
+        chunk, plane pointers from the scratch buffer."""
+        d = np.zeros((len(self), K.DESC_FIELDS), dtype=np.int64)
+        d[:, K.D_SRC] = np.asarray(main, dtype=np.uint64).astype(np.int64)
+        d[:, K.D_BASE] = np.asarray(bases, dtype=np.uint64).astype(np.int64)
+        d[:, K.D_N], d[:, K.D_TAIL], d[:, K.D_FLAG] = self.n, self.tail, self.p0
+        ptr = scratch_ptr + self.off
+        tail = self.role == TAIL
+        d[self.job[tail], K.D_TAILPTR] = ptr[tail]
+        body = ~tail
+        d[self.job[body], K.D_PLANES + self.k[body]] = ptr[body]
+        return d
 
 
 def gpu_layout(dt: DType, profile: GpuProfile) -> int:
@@ -319,64 +376,31 @@ def gpu_layout(dt: DType, profile: GpuProfile) -> int:
     return _planes.layout_for(dt)
 
 
-def plan(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None = None) -> Job:
-    """The planes of one chunk (the same as ``_planes.split``), with their codecs."""
-    variant, n, tail, planes = _template(dt, layout, raw_len, profile)
-    return Job(dt, layout, raw_len, variant, n, tail,
-               [Plane(raw, role, spec=spec) for raw, role, spec in planes])
-
-
 @functools.lru_cache(maxsize=1024)
 def _template(dt: DType, layout: int, raw_len: int, profile: GpuProfile | None):
-    """Chunks of a checkpoint mostly share a size: plan each shape once."""
+    """(variant, words, tail, planes as (raw, role, spec)) of one chunk shape."""
     variant = K.variant(dt, layout) or (1, K.MODE_FLAT, 0, 0)
     sizes = _planes.plane_sizes(dt, layout, raw_len)
     n, tail = divmod(raw_len, variant[0]) if layout != _planes.FLAT else (raw_len, 0)
-    job = Job(dt, layout, raw_len, variant, n, tail)
     body = len(sizes) - (1 if tail else 0)
     if layout == getattr(_planes, "FLOAT_SM", None):
-        roles = ["exp"] + ["mant"] * (variant[0] - 1)
+        roles = [EXP] + [MANT] * (variant[0] - 1)
     elif layout == _planes.FLOAT and dt.ebits + dt.mbits <= 7:
-        roles = ["sign", "exp"]
+        roles = [SIGN, EXP]
     elif layout == _planes.FLOAT:
-        roles = ["sign"] + ["exp"] * ((dt.ebits + 7) // 8) + ["mant"] * ((dt.mbits + 7) // 8)
+        roles = [SIGN] + [EXP] * ((dt.ebits + 7) // 8) + [MANT] * ((dt.mbits + 7) // 8)
     else:
-        roles = ["other"] * body
-    roles = roles[:body] + (["tail"] if tail else [])
+        roles = [OTHER] * body
+    roles = roles[:body] + ([TAIL] if tail else [])
+    planes = []
     for size, role in zip(sizes, roles):
-        p = Plane(size, role)
+        spec = None
         name = None if profile is None else {
-            "sign": profile.other, "exp": profile.exponent, "mant": profile.mantissa,
-            "other": profile.other, "tail": "raw"}[role]
+            SIGN: profile.other, EXP: profile.exponent, MANT: profile.mantissa,
+            OTHER: profile.other, TAIL: "raw"}[role]
         if name not in (None, "raw") and size >= MIN_CODED:
             level = {"gdeflate": profile.gdeflate_algorithm, "ans": profile.ans_states,
                      "deflate": profile.deflate_algorithm}.get(name, 0)
-            p.spec = CodecSpec(name, level, profile.chunk)
-        job.planes.append(p)
-    return variant, n, tail, tuple((p.raw, p.role, p.spec) for p in job.planes)
-
-
-def place(jobs: list[Job]) -> tuple[int, int]:
-    """Offsets of every plane in one scratch buffer; returns (bytes, planes)."""
-    total = nplanes = 0
-    for j in jobs:
-        j.flag0 = nplanes
-        nplanes += len(j.planes)
-        for p in j.planes:
-            p.off = total
-            total = round_up(total + p.raw, ALIGN)
-    return total, nplanes
-
-
-def descriptors(jobs: list[Job], main: list[int], bases: list[int], scratch_ptr: int) -> np.ndarray:
-    d = np.zeros((len(jobs), K.DESC_FIELDS), dtype=np.int64)
-    for i, j in enumerate(jobs):
-        r = d[i]
-        r[K.D_SRC], r[K.D_BASE], r[K.D_N], r[K.D_TAIL], r[K.D_FLAG] = \
-            main[i], bases[i], j.n, j.tail, j.flag0
-        body = j.planes[:-1] if j.tail else j.planes
-        if j.tail:
-            r[K.D_TAILPTR] = scratch_ptr + j.planes[-1].off
-        for k, p in enumerate(body):
-            r[K.D_PLANES + k] = scratch_ptr + p.off
-    return d
+            spec = CodecSpec(name, level, profile.chunk)
+        planes.append((size, role, spec))
+    return variant, n, tail, tuple(planes)

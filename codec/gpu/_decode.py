@@ -37,19 +37,17 @@ from .. import _planes
 from .._dtypes import DType, from_code
 from . import _codecs, _payload
 from . import _kernels as K
-from ._backend import CodecSpec, round_up
+from ._backend import CodecSpec
 from ._common import (
     ALIGN,
     CODEC_NAMES,
+    Plan,
     Segments,
     Staging,
-    descriptors,
     download_ranges,
     finish,
     hash_buffers,
     launch_planes,
-    place,
-    plan,
     resolve,
 )
 
@@ -94,20 +92,34 @@ def decompress_many(blobs, bases=None, *, out: str = "bytes", verify: bool = Tru
     return run.hand_out(out)
 
 
+BLOB, FILL, CODED, HOST = 0, 1, 2, 3     # where a plane comes from (``_Decode.pkind``)
+_NVCOMP = np.array(sorted(CODEC_NAMES), dtype=np.int64)
+
+
 class _Decode:
-    """One ``decompress_many`` call, stage by stage (named as in the benchmark's table)."""
+    """One ``decompress_many`` call, stage by stage (named as in the benchmark's table).
+
+    After ``headers`` the call is held in columns: per blob ``checksum``,
+    ``base_checksum``, ``raw_len``; the plane plan ``pl``; per plane ``pkind`` (raw bytes
+    in the blob, a constant to fill, nvCOMP chunks, or bytes decoded on the host),
+    ``ppos`` (offset in its blob: of the raw bytes, the constant, or the first chunk),
+    ``pspec`` / ``pcount`` and ``psizes`` (nvCOMP configuration and chunk sizes).
+    """
 
     def __init__(self, b, blobs: list, bases: list, planes_only: bool, timer) -> None:
         self.b, self.blobs, self.bases, self.planes_only = b, blobs, bases, planes_only
         self.keep: list = []
         self.staging = Staging(b)
         self.mark = timer.mark if timer is not None else (lambda stage: None)
+        self.host_planes: dict[int, bytes] = {}
 
     def headers(self) -> None:
-        """Every container header and nvCOMP payload table (blobs on the device: two
-        small reads), checked; planes of CPU codecs (zstd) and layouts without a kernel
-        decoded here on the host."""
-        b, keep, bases = self.b, self.keep, self.bases
+        """Every container header and nvCOMP payload table, checked: read for all blobs
+        at once (blobs on the device: a few small reads); a batch with anything else —
+        planes of CPU codecs (zstd), layouts without a kernel, or a header the batch
+        reader refuses — goes blob by blob, which decodes those planes here on the host
+        and says what is wrong with a bad blob."""
+        b, keep = self.b, self.keep
         host_mv: list = []
         dev: dict[int, tuple[int, int]] = {}
         for i, blob in enumerate(self.blobs):
@@ -119,6 +131,101 @@ class _Decode:
                 host_mv.append(None)
             else:
                 host_mv.append(memoryview(blob).cast("B"))
+        self.host_mv, self.dev = host_mv, dev
+        if not self._headers_batch():
+            self._headers_each()
+        self.mark("headers")
+
+    def _read(self, planes_blob, pos, lens) -> tuple[bytes, np.ndarray]:
+        """Bytes at ``pos`` (``lens`` each) of the given blobs: one buffer and the start of
+        each piece (device blobs: one gather and one copy back)."""
+        host_mv, dev = self.host_mv, self.dev
+        pieces: list = [None] * len(pos)
+        want = []
+        for q, (i, p, n) in enumerate(zip(planes_blob.tolist(), pos.tolist(), lens.tolist())):
+            mv = host_mv[i]
+            if mv is not None:
+                pieces[q] = bytes(mv[p: p + n])
+            else:
+                want.append((q, dev[i][0] + p, n))
+        if want:
+            for (q, _, _), got in zip(want, download_ranges(
+                    self.b, [(ptr, n) for _, ptr, n in want], self.keep)):
+                pieces[q] = got
+        ln = np.fromiter((len(x) for x in pieces), np.int64, len(pieces))
+        return b"".join(pieces), np.cumsum(ln) - ln
+
+    def _headers_batch(self) -> bool:
+        """The headers of all blobs with array operations; False: go blob by blob."""
+        n = len(self.blobs)
+        totals = np.array([len(mv) if mv is not None else self.dev[i][1]
+                           for i, mv in enumerate(self.host_mv)], dtype=np.int64)
+        buf, starts = self._read(np.arange(n), np.zeros(n, dtype=np.int64),
+                                 np.minimum(totals, PREFIX))
+        avail = np.diff(np.append(starts, len(buf)))
+        heads, bad = C.unpack_many(buf, starts, totals, avail)
+        if len(bad):
+            return False
+        has_base = np.array([x is not None for x in self.bases], dtype=bool)
+        if not self.planes_only and np.any(heads.delta != has_base):
+            return False
+        known = getattr(_planes, "LAYOUTS", (_planes.FLAT, _planes.FLOAT, _planes.BYTES))
+        cache: dict = {}
+        dts = []
+        for code, lay in zip(heads.dtype_code.tolist(), heads.layout.tolist()):
+            if (code, lay) not in cache:
+                try:
+                    dt = from_code(code)
+                except CodecError:
+                    return False
+                cache[(code, lay)] = dt if lay in known and K.variant(dt, lay) else None
+            if cache[(code, lay)] is None:
+                return False
+            dts.append(cache[(code, lay)])
+        pl = Plan(dts, heads.layout, heads.raw_len)
+        if not (np.array_equal(pl.np, heads.nplanes) and
+                np.array_equal(pl.raw, heads.plane_raw)):
+            return False
+        cid, major, enc = heads.codec_id, heads.codec_major, heads.enc_len
+        coded = np.isin(cid, _NVCOMP)
+        raw, const = cid == P.RAW, cid == P.CONST
+        if not (np.all(coded | raw | const) and np.all(major[coded] == 1) and
+                np.all(major[raw] == P.Raw.major) and np.all(major[const] == P.Const.major) and
+                np.all(enc[raw] == pl.raw[raw]) and np.all(enc[const] == 1)):
+            return False
+        cq = np.flatnonzero(coded)
+        cb, cpos = heads.blob[cq], heads.pos[cq]
+        fixed, fstart = self._read(cb, cpos, np.minimum(enc[cq], _payload.FIXED_SIZE))
+        a = np.frombuffer(fixed, dtype=np.uint8)
+        a = np.concatenate([a, np.zeros(8, dtype=np.uint8)])
+        chunk = sum(a[fstart + 4 + k].astype(np.int64) << (8 * k) for k in range(4))
+        tlen = _payload.FIXED_SIZE + 4 * (-(-pl.raw[cq] // np.maximum(chunk, 1)))
+        tables, tstart = self._read(cb, cpos, np.minimum(enc[cq], tlen))
+        option, chunk, version, counts, sizes, tbad = _payload.parse_many(
+            tables, tstart, enc[cq], pl.raw[cq])
+        if len(tbad):
+            return False
+        ans = cid[cq] == P.NVCOMP_ANS
+        if ans.any():
+            for v in {tuple(x) for x in version[ans].tolist()}:
+                try:
+                    _codecs.check_ans_version(v, self.b.nvcomp_version)
+                except CodecError:
+                    return False
+        pkind = np.where(coded, CODED, np.where(const, FILL, BLOB))
+        ppos = heads.pos.copy()
+        ppos[cq] += _payload.FIXED_SIZE + 4 * counts
+        spec_of, self.specs, pcount = _plane_specs(pl.nplanes, cq, cid, option, chunk, counts)
+        self.checksum, self.base_checksum = heads.checksum, heads.base_checksum
+        self.raw_len, self.pl = heads.raw_len, pl
+        self.pkind, self.ppos, self.pspec, self.pcount, self.psizes = \
+            pkind, ppos, spec_of, pcount, sizes
+        return True
+
+    def _headers_each(self) -> None:
+        """Blob by blob: every header (``codec._container`` parses it) and payload table,
+        checked; planes of CPU codecs and layouts without a kernel decoded on the host."""
+        b, keep, bases, host_mv, dev = self.b, self.keep, self.bases, self.host_mv, self.dev
         prefixes = dict(zip(dev, download_ranges(
             b, [(p, min(n, PREFIX)) for p, n in dev.values()], keep)))
         heads = [C.unpack(mv) if mv is not None else
@@ -164,93 +271,106 @@ class _Decode:
                     payload = (host_mv[i][s.pos: s.pos + s.enc] if host_mv[i] is not None
                                else download_ranges(b, [(dev[i][0] + s.pos, s.enc)], keep)[0])
                     s.host = P.decoder_for(s.cid, s.major).decode(payload, raw)
-        self.host_mv, self.dev, self.heads, self.dts = host_mv, dev, heads, dts
-        self.srcs, self.layouts = srcs, layouts
-        self.mark("headers")
+        # the same columns as the batch reader's
+        self.checksum = np.array([h.checksum for h in heads], dtype=np.uint64)
+        self.base_checksum = np.array([h.base_checksum or 0 for h in heads], dtype=np.uint64)
+        self.raw_len = np.array([h.raw_len for h in heads], dtype=np.int64)
+        self.pl = pl = Plan(dts, layouts, self.raw_len)
+        self.pkind = np.zeros(pl.nplanes, dtype=np.int64)
+        self.ppos = np.zeros(pl.nplanes, dtype=np.int64)
+        self.pspec = np.full(pl.nplanes, -1, dtype=np.int64)
+        self.pcount = np.zeros(pl.nplanes, dtype=np.int64)
+        sizes, combos = [], {}
+        for i, row in enumerate(srcs):
+            for k, s in enumerate(row):
+                q = int(pl.p0[i]) + k
+                self.ppos[q] = s.pos
+                if s.host is not None:
+                    self.pkind[q] = HOST
+                    self.host_planes[q] = s.host
+                elif s.cid == P.RAW:
+                    self.pkind[q] = BLOB
+                elif s.cid == P.CONST:
+                    self.pkind[q] = FILL
+                else:
+                    self.pkind[q] = CODED
+                    self.ppos[q] += s.head.data_offset
+                    self.pspec[q] = combos.setdefault(spec_for(s.cid, s.head), len(combos))
+                    self.pcount[q] = s.head.nchunks
+                    sizes.append(np.asarray(s.head.sizes, dtype=np.int64))
+        self.specs = list(combos)
+        self.psizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
 
     def stage_in(self) -> None:
         """One staged upload: host blobs, host-decoded planes, host bases."""
-        b, keep, staging, heads = self.b, self.keep, self.staging, self.heads
+        b, keep, staging = self.b, self.keep, self.staging
         blob_at = {i: staging.add(mv) for i, mv in enumerate(self.host_mv) if mv is not None}
-        self.host_at = {(i, k): staging.add(memoryview(s.host))
-                        for i, row in enumerate(self.srcs)
-                        for k, s in enumerate(row) if s.host is not None}
+        self.host_at = {q: staging.add(memoryview(x)) for q, x in self.host_planes.items()}
         base_in = resolve(b, [x for x in self.bases if x is not None], staging, keep)
         staging.flush()
         keep.append(staging)
         base_in = iter(finish(b, base_in, staging, keep))
-        self.base_ptr: list[int] = []
+        self.base_ptr = np.zeros(len(self.blobs), dtype=np.uint64)
         for i, x in enumerate(self.bases):
-            if x is None or self.planes_only:
-                self.base_ptr.append(0)
+            if x is None:
                 continue
             r = next(base_in)
-            if r.nbytes != heads[i].raw_len:
+            if self.planes_only:
+                continue
+            if r.nbytes != int(self.raw_len[i]):
                 raise BaseMismatchError(
-                    f"blob {i} was written against a base of {heads[i].raw_len} bytes; the "
-                    f"base given has {r.nbytes}")
-            self.base_ptr.append(r.ptr)
-        self.blob_ptr = [self.dev[i][0] if i in self.dev else b.ptr(staging.dev) + blob_at[i]
-                         for i in range(len(self.blobs))]
+                    f"blob {i} was written against a base of {int(self.raw_len[i])} bytes; "
+                    f"the base given has {r.nbytes}")
+            self.base_ptr[i] = r.ptr
+        sdev = b.ptr(staging.dev) if staging.dev is not None else 0
+        self.blob_ptr = np.array([self.dev[i][0] if i in self.dev else sdev + blob_at[i]
+                                  for i in range(len(self.blobs))], dtype=np.int64)
+        self.sdev = sdev
         self.mark("stage in")
 
     def restore(self) -> None:
         """Every plane into one scratch: raw copies, constant fills, nvCOMP batches."""
-        b, keep, srcs, host_mv, blob_ptr = self.b, self.keep, self.srcs, self.host_mv, \
-            self.blob_ptr
-        self.jobs = jobs = [plan(dt, lay, h.raw_len)
-                            for dt, lay, h in zip(self.dts, self.layouts, self.heads)]
-        const_dev = [(i, k) for i, row in enumerate(srcs) for k, s in enumerate(row)
-                     if s.host is None and s.cid == P.CONST and host_mv[i] is None
-                     and jobs[i].planes[k].raw]
-        const_val = dict(zip(const_dev, download_ranges(
-            b, [(blob_ptr[i] + srcs[i][k].pos, 1) for i, k in const_dev], keep)))
-        rows = []
-        for i, (j, row) in enumerate(zip(jobs, srcs)):
-            r = []
-            for k, (p, s) in enumerate(zip(j.planes, row)):
-                if p.raw == 0:
-                    r.append(None)
-                elif s.host is not None:
-                    r.append(("copy", b.ptr(self.staging.dev) + self.host_at[(i, k)]))
-                elif s.cid == P.RAW:
-                    r.append(("copy", blob_ptr[i] + s.pos))
-                elif s.cid == P.CONST:
-                    r.append(("fill", host_mv[i][s.pos] if host_mv[i] is not None
-                              else const_val[(i, k)][0]))
-                else:
-                    r.append(("coded", spec_for(s.cid, s.head), s.head.sizes,
-                              blob_ptr[i] + s.pos + s.head.data_offset))
-            rows.append(r)
-        self.scratch = restore_planes(b, jobs, rows, keep, self.mark)
+        pl, pkind = self.pl, self.pkind
+        ptr = self.blob_ptr[pl.job] + self.ppos
+        for q, at in self.host_at.items():
+            ptr[q] = self.sdev + at
+        fq = np.flatnonzero((pkind == FILL) & (pl.raw > 0))
+        val = np.zeros(pl.nplanes, dtype=np.int64)
+        if len(fq):
+            got, at = self._read(pl.job[fq], self.ppos[fq], np.ones(len(fq), dtype=np.int64))
+            val[fq] = np.frombuffer(got, dtype=np.uint8)[at]
+        kind = np.where((pkind == BLOB) | (pkind == HOST), COPY, pkind)
+        src = Sources(kind=kind, ptr=ptr, val=val, spec=self.pspec, specs=self.specs,
+                      counts=self.pcount, sizes=self.psizes)
+        self.scratch = restore_planes(self.b, pl, src, self.keep, self.mark)
         self.mark("nvcomp")
 
     def merge(self) -> None:
         """Planes merged into the outputs, XOR-ing bases back in."""
-        self.out_dev, self.out_off = merge_planes(self.b, self.jobs, self.scratch,
+        self.out_dev, self.out_off = merge_planes(self.b, self.pl, self.scratch,
                                                   self.base_ptr, self.keep)
-        op = self.b.ptr(self.out_dev)
-        self.out_ptrs = [op + o for o in self.out_off]
+        self.out_ptrs = self.b.ptr(self.out_dev) + self.out_off
         self.mark("merge")
 
     def verify(self, report: bool = False):
         """XXH3 of every output (and base) on the device, against its header."""
-        got = _verify(self.b, self.heads, self.out_ptrs, self.base_ptr, self.keep, report)
+        got = _verify(self.b, self.checksum, self.base_checksum, self.raw_len, self.out_ptrs,
+                      self.base_ptr, self.keep, report)
         self.mark("checksum")
         return got
 
     def hand_out(self, out: str) -> list:
         """The outputs: device views, or one copy into pinned host memory."""
-        b, heads, out_off = self.b, self.heads, self.out_off
+        b, out_off, raw = self.b, self.out_off.tolist(), self.raw_len.tolist()
         if out == "device":
             b.synchronize()
-            return [b.view(self.out_dev, out_off[i], h.raw_len) for i, h in enumerate(heads)]
-        tot = out_off[-1] + heads[-1].raw_len
+            return [b.view(self.out_dev, o, n) for o, n in zip(out_off, raw)]
+        tot = out_off[-1] + raw[-1]
         host = b.pinned(tot)
         b.download(self.out_dev, 0, host[:tot])
         b.synchronize()
         self.mark("copy out")
-        views = [host[out_off[i]: out_off[i] + h.raw_len] for i, h in enumerate(heads)]
+        views = [host[o: o + n] for o, n in zip(out_off, raw)]
         if out == "host":
             return [memoryview(v) for v in views]
         return [v.tobytes() for v in views]
@@ -265,102 +385,147 @@ def spec_for(cid: int, head: _payload.PayloadHeader) -> CodecSpec:
 # --------------------------------------------------------------------------- device stages
 # (the encoder's self-check runs the same two stages over the blobs it just wrote)
 
-def restore_planes(b, jobs: list, rows: list, keep: list, mark=lambda stage: None):
-    """Every plane of every job into one scratch buffer (offsets from ``place``).
+COPY = BLOB
 
-    ``rows[i][k]`` says where plane k of job i comes from: ``("copy", ptr)`` (raw bytes
-    on the device), ``("fill", byte)`` (a constant plane) or ``("coded", spec, sizes,
-    ptr)`` (nvCOMP chunks of those compressed sizes, back to back from ``ptr``). Raw
-    copies and fills are one launch each; coded chunks are gathered to aligned addresses
-    and decoded in one nvCOMP batch per codec configuration.
-    """
-    total, _ = place(jobs)
+
+@dataclass
+class Sources:
+    """Where every plane of a plan comes from, as columns: ``kind`` (``COPY``: raw bytes
+    on the device at ``ptr``; ``FILL``: the byte ``val``; ``CODED``: nvCOMP chunks back
+    to back from ``ptr``, ``counts`` of them with configuration ``specs[spec]``) and the
+    compressed ``sizes`` of every chunk, planes in order."""
+
+    kind: np.ndarray
+    ptr: np.ndarray
+    val: np.ndarray
+    spec: np.ndarray
+    specs: list
+    counts: np.ndarray
+    sizes: np.ndarray
+
+
+def plane_sources(heads: C.Headers, pl: Plan, blob_ptr, const_val, tables) -> Sources:
+    """The sources of blobs read from their headers (``codec._container.unpack_many``):
+    raw planes at their offset in each blob, constants (``const_val(planes)`` gives their
+    bytes), nvCOMP planes as their payload tables record them (``tables(planes)`` gives a
+    buffer and where each table starts in it); raises FormatError for a table the
+    payload reader refuses."""
+    cid = heads.codec_id
+    cq = np.flatnonzero(np.isin(cid, _NVCOMP))
+    fq = np.flatnonzero(cid == P.CONST)
+    kind = np.where(cid == P.CONST, FILL, COPY)
+    kind[cq] = CODED
+    val = np.zeros(pl.nplanes, dtype=np.int64)
+    val[fq] = const_val(fq)
+    ptr = np.asarray(blob_ptr, dtype=np.int64)[heads.blob] + heads.pos
+    buf, starts = tables(cq)
+    option, chunk, _, counts, sizes, bad = _payload.parse_many(
+        buf, starts, heads.enc_len[cq], heads.plane_raw[cq])
+    if len(bad):
+        q = int(cq[bad[0]])
+        _payload.parse_table(memoryview(buf)[int(starts[bad[0]]):], int(heads.enc_len[q]),
+                             int(heads.plane_raw[q]), P.codec_name(int(cid[q])))
+        raise FormatError("a payload table is malformed")
+    ptr[cq] += _payload.FIXED_SIZE + 4 * counts
+    spec, specs, pcount = _plane_specs(pl.nplanes, cq, cid, option, chunk, counts)
+    return Sources(kind, ptr, val, spec, specs, pcount, sizes)
+
+
+def _plane_specs(nplanes: int, cq, cid, option, chunk, counts):
+    """Per plane the index of its nvCOMP configuration (what its payload table records:
+    codec, option, chunk size; -1 for planes ``cq`` does not list), the configurations,
+    and per plane its chunk count."""
+    pcount = np.zeros(nplanes, dtype=np.int64)
+    pcount[cq] = counts
+    combos: dict = {}
+    spec = np.full(nplanes, -1, dtype=np.int64)
+    for q, key in zip(cq.tolist(), zip(cid[cq].tolist(), option.tolist(), chunk.tolist())):
+        spec[q] = combos.setdefault(key, len(combos))
+    return spec, [CodecSpec(CODEC_NAMES[c], o, ch) for c, o, ch in combos], pcount
+
+
+def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: None):
+    """Every plane of a plan into one scratch buffer (offsets from ``Plan.place``): raw
+    copies and fills are one launch each; coded chunks are gathered to aligned
+    addresses and decoded in one nvCOMP batch per codec configuration."""
+    total = pl.place()
     scratch = b.empty(total)
     sp = b.ptr(scratch)
     keep.append(scratch)
+    live = pl.raw > 0
     copies, fills = Segments(), Segments()
-    batches: dict[CodecSpec, dict] = {}
-    for j, row in zip(jobs, rows):
-        for p, src in zip(j.planes, row):
-            if p.raw == 0:
-                continue
-            if src[0] == "copy":
-                copies.add(src[1], sp + p.off, p.raw)
-            elif src[0] == "fill":
-                fills.add(sp + p.off, p.raw, int(src[1]))
-            else:
-                _, spec, sizes, ptr = src
-                bt = batches.setdefault(spec, {"sizes": [], "planes": []})
-                bt["sizes"].append(np.asarray(sizes, dtype=np.int64))
-                bt["planes"].append((ptr, p.off, p.raw, len(sizes)))
+    m = live & (src.kind == COPY)
+    copies.add(src.ptr[m], sp + pl.off[m], pl.raw[m])
+    m = live & (src.kind == FILL)
+    fills.add(sp + pl.off[m], pl.raw[m], src.val[m])
     copies.launch(b, keep)
     fills.launch(b, keep, "fill_segments")
     mark("raw planes")
-    for spec, bt in batches.items():            # every chunk of a codec, vectorized
-        csize = np.concatenate(bt["sizes"])
-        src0, off, raw, cnt = (np.asarray(x, dtype=np.int64) for x in zip(*bt["planes"]))
-        idx = np.repeat(np.arange(len(cnt)), cnt)
+    coded = live & (src.kind == CODED)
+    cfirst = np.cumsum(src.counts) - src.counts
+    for s in np.unique(src.spec[coded]).tolist():    # every chunk of a codec, vectorized
+        spec = src.specs[s]
+        g = np.flatnonzero(coded & (src.spec == s))
+        cnt = src.counts[g]
+        idx = np.repeat(np.arange(len(g)), cnt)
         first = np.cumsum(cnt) - cnt
         within = np.arange(len(idx)) - first[idx]
+        csize = src.sizes[cfirst[g][idx] + within]
         excl = np.cumsum(csize) - csize
-        src = src0[idx] + excl - excl[first][idx]
-        dst = off[idx] + within * spec.chunk
-        rsize = np.minimum(spec.chunk, raw[idx] - within * spec.chunk)
+        srcp = src.ptr[g][idx] + excl - excl[first][idx]
+        dst = pl.off[g][idx] + within * spec.chunk
+        rsize = np.minimum(spec.chunk, pl.raw[g][idx] - within * spec.chunk)
         align = b.decompress_alignment(spec)
         padded = (csize + align - 1) // align * align
         coff = np.cumsum(padded) - padded
         cin = b.empty(int(padded.sum()))
         keep.append(cin)
-        g = Segments()
-        g.add(src, b.ptr(cin) + coff, csize)
-        g.launch(b, keep)
+        gs = Segments()
+        gs.add(srcp, b.ptr(cin) + coff, csize)
+        gs.launch(b, keep)
         b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch, dst.tolist(), rsize.tolist())
-    if batches:
+    if coded.any():
         # nvCOMP queues its work on our stream; waiting here also keeps its batch
         # descriptors (freed when the call's Python objects go) from outliving the kernels
         b.synchronize()
     return scratch
 
 
-def merge_planes(b, jobs: list, scratch, base_ptr: list[int], keep: list):
-    """Merge every job's planes into one output buffer, XOR-ing bases (non-zero
+def merge_planes(b, pl: Plan, scratch, base_ptr, keep: list):
+    """Merge every chunk's planes into one output buffer, XOR-ing bases (non-zero
     pointers) back in; returns the buffer and each output's offset in it."""
-    out_off, tot = [], 0
-    for j in jobs:
-        out_off.append(tot)
-        tot = round_up(tot + j.raw_len, ALIGN)
-    out_dev = b.empty(tot)
-    op = b.ptr(out_dev)
-    descs = descriptors(jobs, [op + o for o in out_off], base_ptr, b.ptr(scratch))
-    launch_planes(b, "merge", jobs, descs, 0, keep)
+    size = (pl.raw_len + ALIGN - 1) // ALIGN * ALIGN
+    out_off = np.cumsum(size) - size
+    out_dev = b.empty(int(size.sum()))
+    descs = pl.descriptors(b.ptr(out_dev) + out_off, base_ptr, b.ptr(scratch))
+    launch_planes(b, "merge", pl, descs, 0, keep)
     return out_dev, out_off
 
 
-def _verify(b, heads, out_ptrs, base_ptr, keep, report: bool = False):
+def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, report=False):
     """Check every output (and base) against its header; raise on the first mismatch,
     or with ``report`` return one bool per blob (True: restored exactly)."""
-    with_base = [i for i, p in enumerate(base_ptr) if p]
-    ptrs = list(out_ptrs) + [base_ptr[i] for i in with_base]
-    lens = [h.raw_len for h in heads] + [heads[i].raw_len for i in with_base]
+    with_base = np.flatnonzero(base_ptr)
+    ptrs = np.concatenate([np.asarray(out_ptrs, dtype=np.uint64), base_ptr[with_base]])
+    lens = np.concatenate([raw_len, raw_len[with_base]])
     d_hash = hash_buffers(b, ptrs, lens, keep)
     got = np.empty(len(ptrs), dtype=np.uint64)
     b.download(d_hash, 0, got.view(np.uint8))
     b.synchronize()
+    n = len(raw_len)
+    ok = got[:n] == checksum
+    base_ok = np.ones(n, dtype=bool)
+    base_ok[with_base] = got[n:] == base_checksum[with_base]
     if report:
-        ok = [int(got[i]) == h.checksum for i, h in enumerate(heads)]
-        for k, i in enumerate(with_base):
-            ok[i] = ok[i] and int(got[len(heads) + k]) == heads[i].base_checksum
-        return ok
-    for k, i in enumerate(with_base):
-        if int(got[len(heads) + k]) != heads[i].base_checksum:
-            raise BaseMismatchError(
-                f"blob {i} was written against a different base (its checksum does not "
-                f"match); pass the exact base bytes it was coded with")
-    for i, h in enumerate(heads):
-        if int(got[i]) != h.checksum:
-            raise ChecksumError(
-                f"chunk checksum mismatch in blob {i}: the stored bytes are corrupt; restore "
-                f"this file from another copy (s4fs never returns bytes it cannot verify)")
+        return (ok & base_ok).tolist()
+    for i in np.flatnonzero(~base_ok).tolist():
+        raise BaseMismatchError(
+            f"blob {i} was written against a different base (its checksum does not "
+            f"match); pass the exact base bytes it was coded with")
+    for i in np.flatnonzero(~ok).tolist():
+        raise ChecksumError(
+            f"chunk checksum mismatch in blob {i}: the stored bytes are corrupt; restore "
+            f"this file from another copy (s4fs never returns bytes it cannot verify)")
 
 
 def _read_tables(b, srcs, heads, host_mv, dev, keep) -> None:

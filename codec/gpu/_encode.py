@@ -34,17 +34,16 @@ from ._backend import CodecSpec, round_up
 from ._common import (
     ALIGN,
     CODEC_IDS,
+    TAIL,
     Buffer,
+    Plan,
     Segments,
     Staging,
-    descriptors,
     entropy_bits,
     finish,
     gpu_layout,
     hash_buffers,
     launch_planes,
-    place,
-    plan,
     resolve,
     sample_entropy,
 )
@@ -123,25 +122,25 @@ class _Encode:
         """Planes into one scratch buffer (XOR-ing bases on the fly), constant flags, the
         first byte of every plane and byte histograms of the codable ones."""
         b, keep, profile = self.b, self.keep, self.profile
-        self.jobs = jobs = [plan(dt, gpu_layout(dt, profile), d.nbytes, profile)
-                            for dt, d in zip(self.dts, self.datas)]
-        total, self.nplanes = place(jobs)
+        layouts: dict = {}
+        lay = [layouts.get(dt) if dt in layouts else layouts.setdefault(dt, gpu_layout(dt, profile))
+               for dt in self.dts]
+        self.pl = pl = Plan(self.dts, lay, [d.nbytes for d in self.datas], profile)
+        total = pl.place()
+        self.nplanes = pl.nplanes
         self.scratch = b.empty(total)
         self.sp = sp = b.ptr(self.scratch)
         self.flags = b.zeros(4 * max(self.nplanes, 1))
         keep += [self.scratch, self.flags]
-        descs = descriptors(jobs, [d.ptr for d in self.datas],
-                            [x.ptr if x else 0 for x in self.bases], sp)
-        launch_planes(b, "split", jobs, descs, b.ptr(self.flags), keep)
-        self.planes = planes = [p for j in jobs for p in j.planes]
+        self.base_ptr = np.array([x.ptr if x else 0 for x in self.bases], dtype=np.uint64)
+        descs = pl.descriptors([d.ptr for d in self.datas], self.base_ptr, sp)
+        launch_planes(b, "split", pl, descs, b.ptr(self.flags), keep)
         self.firsts = b.empty(max(self.nplanes, 1))
         seg = Segments()
-        seg.add([sp + p.off for p in planes], b.ptr(self.firsts) + np.arange(self.nplanes),
-                [1 if p.raw else 0 for p in planes])
+        seg.add(sp + pl.off, b.ptr(self.firsts) + np.arange(self.nplanes), (pl.raw > 0) * 1)
         seg.launch(b, keep)
-        self.coded = [k for k, p in enumerate(planes) if p.spec is not None]
-        self.d_hist = sample_entropy(b, [sp + planes[k].off for k in self.coded],
-                                     [planes[k].raw for k in self.coded], keep)
+        self.coded = np.flatnonzero(pl.spec >= 0)
+        self.d_hist = sample_entropy(b, sp + pl.off[self.coded], pl.raw[self.coded], keep)
         self.mark("split")
 
     def readback(self) -> None:
@@ -161,117 +160,118 @@ class _Encode:
     def choose_codecs(self) -> None:
         """Constant planes and planes the codec cannot shrink skip it; zero-heavy planes
         take GDeflate's LZ mode when the profile asks."""
-        profile = self.profile
-        bits = entropy_bits(self.h_hist)
-        rows = self.h_hist.reshape(-1, 256)
+        pl, profile, coded = self.pl, self.profile, self.coded
+        if not len(coded):
+            return
+        bits = entropy_bits(self.h_hist)[: len(coded)]
+        rows = self.h_hist.reshape(-1, 256)[: len(coded)]
         zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
-        for k, h, z in zip(self.coded, bits, zero_share):
-            p = self.planes[k]
-            if self.h_flags[k] == 0 or h >= profile.max_entropy:
-                p.spec = None
-            elif profile.zero_runs == "gdeflate" and z >= profile.zero_share:
-                p.spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, p.spec.chunk)
+        drop = (self.h_flags[coded] == 0) | (bits >= profile.max_entropy)
+        pl.spec[coded[drop]] = -1
+        if profile.zero_runs == "gdeflate":
+            zr = coded[~drop & (zero_share >= profile.zero_share)]
+            for s in np.unique(pl.spec[zr]).tolist():
+                spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, pl.specs[s].chunk)
+                if spec not in pl.specs:
+                    pl.specs.append(spec)
+                pl.spec[zr[pl.spec[zr] == s]] = pl.specs.index(spec)
 
     def code(self) -> None:
         """One nvCOMP batch per codec configuration, over every chunk of its planes."""
-        b = self.b
+        b, pl = self.b, self.pl
         self.batches = batches = {}
-        for p in self.planes:
-            if p.spec is not None:
-                batches.setdefault(p.spec, {"planes": []})["planes"].append(p)
-        for spec, bt in batches.items():
-            group = bt["planes"]
-            offs = np.fromiter((p.off for p in group), np.int64, len(group))
-            raws = np.fromiter((p.raw for p in group), np.int64, len(group))
+        pl.chunk0 = np.zeros(pl.nplanes, dtype=np.int64)
+        pl.nch = np.zeros(pl.nplanes, dtype=np.int64)
+        pl.comp = np.zeros(pl.nplanes, dtype=np.int64)
+        for s in np.unique(pl.spec[pl.spec >= 0]).tolist():
+            spec = pl.specs[s]
+            group = np.flatnonzero(pl.spec == s)
+            offs, raws = pl.off[group], pl.raw[group]
             nch = (raws + spec.chunk - 1) // spec.chunk
             starts = np.cumsum(nch) - nch
-            for p, s0, c in zip(group, starts.tolist(), nch.tolist()):
-                p.chunk0, p.nchunks = s0, c
+            pl.chunk0[group], pl.nch[group] = starts, nch
             idx = np.repeat(np.arange(len(group)), nch)
             within = (np.arange(len(idx)) - starts[idx]) * spec.chunk
             stride = round_up(b.max_compressed(spec), ALIGN)
             dst = b.empty(stride * len(idx))
             self.keep.append(dst)
-            bt["dst"], bt["stride"] = dst, stride
-            bt["comp"] = comp = b.encode(spec, self.scratch, (offs[idx] + within).tolist(),
-                                         np.minimum(spec.chunk, raws[idx] - within).tolist(),
-                                         dst, (stride * np.arange(len(idx))).tolist(), stride)
-            bt["excl"] = np.cumsum(comp) - comp
-            for p, total_c in zip(group, np.add.reduceat(comp, starts).tolist()):
-                p.comp = total_c
+            comp = b.encode(spec, self.scratch, (offs[idx] + within).tolist(),
+                            np.minimum(spec.chunk, raws[idx] - within).tolist(),
+                            dst, (stride * np.arange(len(idx))).tolist(), stride)
+            comp = np.asarray(comp, dtype=np.int64)
+            batches[s] = {"dst": dst, "stride": stride, "comp": comp,
+                          "excl": np.cumsum(comp) - comp}
+            pl.comp[group] = np.add.reduceat(comp, starts)
         self.mark("nvcomp")
 
     def headers(self) -> None:
         """Every plane's final coding and every header, in one metadata buffer; the XOR of
         delta blobs that fall back to one raw plane (rare)."""
         b, datas, bases = self.b, self.datas, self.bases
-        self.layouts, self.meta, fallback = _decide(
-            self.jobs, bases, self.batches, self.h_hash, self.h_flags, self.h_first,
-            b.nvcomp_version, len(datas))
+        self.lay = lay = _decide(self.pl, self.base_ptr != 0, self.batches, self.h_hash,
+                                 self.h_flags, self.h_first, b.nvcomp_version)
         self.xor_ptr: dict[int, int] = {}
-        if fallback:
+        if len(lay.fallback):
             tot = 0
             offs = {}
-            for i in fallback:
+            for i in lay.fallback.tolist():
                 offs[i] = tot
                 tot = round_up(tot + datas[i].nbytes, ALIGN)
             xb = b.empty(tot)
             self.keep.append(xb)
-            for i in fallback:
+            for i in lay.fallback.tolist():
                 self.xor_ptr[i] = b.ptr(xb) + offs[i]
                 b.xor_into(self.xor_ptr[i], datas[i].ptr, bases[i].ptr, datas[i].nbytes)
         self.mark("headers")
 
     def assemble(self) -> None:
         """Every blob, back to back, with one gather launch."""
-        b, keep, sp = self.b, self.keep, self.sp
-        self.blob_len = [lay[3] for lay in self.layouts]
-        self.blob_off = np.concatenate([[0], np.cumsum(self.blob_len)]).astype(np.int64)
+        b, keep, sp, pl, lay = self.b, self.keep, self.sp, self.pl, self.lay
+        self.blob_len = lay.blob_len
+        self.blob_off = np.concatenate([[0], np.cumsum(lay.blob_len)]).astype(np.int64)
         self.size = int(self.blob_off[-1])
         self.out_dev = b.empty(self.size)
         op = b.ptr(self.out_dev)
-        h_meta = np.frombuffer(bytes(self.meta) or b"\0", dtype=np.uint8).copy()
+        h_meta = lay.meta if len(lay.meta) else np.zeros(1, dtype=np.uint8)
         d_meta = b.empty(len(h_meta))
         b.upload(d_meta, 0, h_meta)
         keep += [h_meta, d_meta]
         mp = b.ptr(d_meta)
         seg = Segments()
-        chunk_runs: dict[CodecSpec, list] = {spec: [] for spec in self.batches}
-        for i, (j, (moff, mlen, entries, _)) in enumerate(zip(self.jobs, self.layouts)):
-            pos = op + int(self.blob_off[i])
-            seg.add(mp + moff, pos, mlen)
-            pos += mlen
-            if entries is None:               # one raw plane of the data (or of the XOR)
+        at = op + self.blob_off[:-1]
+        seg.add(mp + lay.hstart, at, lay.hlen)                      # container headers
+        flat = np.flatnonzero(lay.flat)                           # one raw plane
+        if len(flat):
+            src = np.array([self.datas[i].ptr for i in flat.tolist()], dtype=np.int64)
+            delta = self.base_ptr[flat] != 0
+            src = np.where(delta, sp + pl.off[pl.p0[flat]], src)   # flat layout: plane 0
+            for k, i in enumerate(flat.tolist()):
                 if i in self.xor_ptr:
-                    src = self.xor_ptr[i]
-                elif self.bases[i] is not None:   # flat layout: plane 0 holds the XOR
-                    src = sp + j.planes[0].off
-                else:
-                    src = self.datas[i].ptr
-                seg.add(src, pos, j.raw_len)
+                    src[k] = self.xor_ptr[i]
+            seg.add(src, at[flat] + lay.hlen[flat], pl.raw_len[flat])
+        q = np.flatnonzero(~lay.flat[pl.job])                      # planes of planar blobs
+        pos = at[pl.job[q]] + lay.hlen[pl.job[q]] + lay.pos[q]
+        kind = lay.kind[q]
+        m = kind == RAW
+        seg.add(sp + pl.off[q[m]], pos[m], pl.raw[q[m]])
+        m = kind == CONST
+        seg.add(mp + lay.extra[q[m]], pos[m], np.ones(int(m.sum()), dtype=np.int64))
+        m = kind == CODED
+        cq, cpos = q[m], pos[m]
+        hs = lay.tsize[cq]
+        seg.add(mp + lay.extra[cq], cpos, hs)
+        for s, bt in self.batches.items():                       # every coded chunk
+            g = np.flatnonzero(pl.spec[cq] == s)
+            if not len(g):
                 continue
-            for p, (kind, enc, where) in zip(j.planes, entries):
-                if kind == "raw":
-                    seg.add(sp + p.off, pos, p.raw)
-                elif kind == "const":
-                    seg.add(mp + where, pos, 1)
-                else:
-                    hlen = _payload.header_size(p.raw, p.spec.chunk)
-                    seg.add(mp + where, pos, hlen)
-                    chunk_runs[p.spec].append((p.chunk0, p.nchunks, pos + hlen))
-                pos += enc
-        for spec, runs in chunk_runs.items():       # every coded chunk, vectorized
-            if not runs:
-                continue
-            bt = self.batches[spec]
-            c0, cn, at = (np.asarray(x, dtype=np.int64) for x in zip(*runs))
-            idx = np.repeat(np.arange(len(runs)), cn)
+            c0, cn = pl.chunk0[cq[g]], pl.nch[cq[g]]
+            idx = np.repeat(np.arange(len(g)), cn)
             k = c0[idx] + (np.arange(len(idx)) - (np.cumsum(cn) - cn)[idx])
             seg.add(b.ptr(bt["dst"]) + bt["stride"] * k,
-                    at[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
+                    (cpos[g] + hs[g])[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
         seg.launch(b, keep)
-        self.dev_blobs = [b.view(self.out_dev, int(self.blob_off[i]), self.blob_len[i])
-                          for i in range(len(self.jobs))]
+        self.dev_blobs = [b.view(self.out_dev, o, n)
+                          for o, n in zip(self.blob_off[:-1].tolist(), self.blob_len.tolist())]
         self.mark("assemble")
 
     def self_check(self) -> None:
@@ -281,16 +281,15 @@ class _Encode:
         if not self.profile.verify:
             return
         items = self.items
-        ok = _self_check(self.b, self.layouts, self.meta,
-                         self.b.ptr(self.out_dev) + self.blob_off[:-1], self.bases,
-                         self.h_hash[: len(self.datas)], self.dev_blobs,
+        ok = _self_check(self.b, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
+                         self.base_ptr, self.h_hash[: len(self.datas)], self.dev_blobs,
                          [it[2] for it in items], self.keep)
-        for i in (i for i, good in enumerate(ok) if not good):
+        for i in np.flatnonzero(~ok).tolist():
             self.redo[i] = _cpu_blob(items[i][0], self.dts[i], items[i][2])
         self.mark("self-check")
         if self.redo:
             log.warning("GPU codec: %d of %d blobs did not restore exactly and were coded on "
-                        "the CPU instead", len(self.redo), len(self.jobs))
+                        "the CPU instead", len(self.redo), len(self.datas))
 
     def hand_out(self, out: str) -> list:
         """The blobs: device views, or one copy into pinned host memory."""
@@ -307,19 +306,19 @@ class _Encode:
         b.download(self.out_dev, 0, host[: self.size])
         b.synchronize()
         self.mark("copy out")
-        off, ln = self.blob_off, self.blob_len
-        views = [host[int(off[i]): int(off[i]) + ln[i]] for i in range(len(self.jobs))]
+        views = [host[o: o + n]
+                 for o, n in zip(self.blob_off[:-1].tolist(), self.blob_len.tolist())]
         if out == "host":
             return [memoryview(redo[i]) if i in redo else memoryview(v)
                     for i, v in enumerate(views)]
         return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, layouts, meta, at, bases, sums, blobs, base_items, keep) -> list[bool]:
+def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep) -> np.ndarray:
     """Which blobs decode (on this device) to bytes matching their checksum.
 
     Each blob is read as the decoder reads it, from the header bytes it was given (the
-    container header, constant bytes and nvCOMP payload tables, parsed from the host copy
+    container headers, constant bytes and nvCOMP payload tables, parsed from the host copy
     they were gathered from, so no device reads): its planes restored by the decoder's
     own device stages (raw copies, constant fills, every coded chunk decoded by nvCOMP
     with the configuration its payload records), merged with the bases, hashed; one
@@ -327,44 +326,41 @@ def _self_check(b, layouts, meta, at, bases, sums, blobs, base_items, keep) -> l
     """
     from ._decode import merge_planes, restore_planes
     try:
-        cjobs, rows = _as_read(layouts, meta, at)
-        scratch = restore_planes(b, cjobs, rows, keep)
+        cpl, src = _as_read(lay, at)
+        scratch = restore_planes(b, cpl, src, keep)
     except CodecError:      # a header or chunk the decoder refuses: find its blob the long way
-        return _self_check_each(b, blobs, base_items)
-    out, offs = merge_planes(b, cjobs, scratch, [x.ptr if x else 0 for x in bases], keep)
-    optr = b.ptr(out)
-    d_got = hash_buffers(b, [optr + o for o in offs], [j.raw_len for j in cjobs], keep)
-    got = np.empty(len(cjobs), dtype=np.uint64)
+        return np.array(_self_check_each(b, blobs, base_items), dtype=bool)
+    out, offs = merge_planes(b, cpl, scratch, base_ptr, keep)
+    d_got = hash_buffers(b, b.ptr(out) + offs, cpl.raw_len, keep)
+    got = np.empty(len(cpl), dtype=np.uint64)
     b.download(d_got, 0, got.view(np.uint8))
     b.synchronize()
-    return (got == sums).tolist()
+    return got == sums
 
 
-def _as_read(layouts, meta, at):
-    """The decoder's plan and plane sources of every assembled blob, from its header bytes."""
-    from ._decode import spec_for
-    mv = memoryview(meta)
-    cjobs, rows = [], []
-    for (moff, mlen, entries, blen), pos in zip(layouts, at.tolist()):
-        head = C.unpack(mv[moff: moff + mlen], whole=False, total=blen)
-        pos += head.payload_offset
-        if entries is None:
-            entries = [("raw", head.raw_len, 0)]
-        cjobs.append(plan(from_code(head.dtype_code), head.layout, head.raw_len))
-        row = []
-        for ph, (_, _, where) in zip(head.planes, entries):
-            if ph.codec_id == P.RAW:
-                row.append(("copy", pos))
-            elif ph.codec_id == P.CONST:
-                row.append(("fill", meta[where]))
-            else:
-                ptab = _payload.parse_table(mv[where:], ph.enc_len, ph.raw_len,
-                                            P.codec_name(ph.codec_id))
-                row.append(("coded", spec_for(ph.codec_id, ptab), ptab.sizes,
-                            pos + ptab.data_offset))
-            pos += ph.enc_len
-        rows.append(row)
-    return cjobs, rows
+def _as_read(lay, at):
+    """The decoder's plan and plane sources of every assembled blob, from its header bytes
+    (``codec._container`` and the payload module read them, as the decoder does); raises
+    CodecError for anything the decoder would refuse."""
+    from ._decode import plane_sources
+    heads, bad = C.unpack_many(lay.meta, lay.hstart, lay.blob_len, lay.hlen)
+    if len(bad):
+        raise CodecError(f"the encoder wrote {len(bad)} headers its reader refuses")
+    dts = [from_code(c) for c in heads.dtype_code.tolist()]
+    cpl = Plan(dts, heads.layout, heads.raw_len)
+    cid, major, enc = heads.codec_id, heads.codec_major, heads.enc_len
+    raw, const = cid == P.RAW, cid == P.CONST
+    coded = np.isin(cid, list(CODEC_IDS.values()))
+    if not (np.array_equal(cpl.np, heads.nplanes) and np.array_equal(cpl.raw, heads.plane_raw)
+            and len(lay.hextra) == cpl.nplanes and np.all(raw | const | coded)
+            and np.all(major[coded] == 1) and np.all(major[raw] == P.Raw.major)
+            and np.all(major[const] == P.Const.major) and np.all(enc[raw] == heads.plane_raw[raw])
+            and np.all(enc[const] == 1) and np.array_equal(heads.delta, lay.delta)):
+        raise CodecError("the encoder wrote headers the decoder would refuse")
+    extra = lay.hextra
+    src = plane_sources(heads, cpl, at, lambda q: lay.meta[extra[q]],
+                        lambda q: (lay.meta, extra[q]))
+    return cpl, src
 
 
 def _self_check_each(b, blobs: list, bases: list) -> list[bool]:
@@ -396,52 +392,77 @@ def _cpu_blob(data, dt: DType, base) -> bytes:
                         base=None if base is None else _host_bytes(base))
 
 
-def _decide(jobs, bases, batches, h_hash, h_flags, h_first, version, ndata):
-    """Pick each plane's coding and write every header into one metadata buffer.
+RAW, CONST, CODED = 0, 1, 2      # a plane's final coding
 
-    Returns per blob ``(meta offset, header length, entries or None, blob length)``
-    (``None``: stored as one raw plane, as ``_cpu.pack_chunk`` does when coding does
-    not pay), the metadata bytes, and the delta blobs whose raw fallback needs the XOR.
-    """
-    meta = bytearray()
-    layouts = []
-    fallback = []
-    base_sums = iter(int(h) for h in h_hash[ndata:])
-    for i, j in enumerate(jobs):
-        checksum = int(h_hash[i])
-        bsum = next(base_sums) if bases[i] is not None else None
-        flag_bits = C.FLAG_DELTA if bsum is not None else 0
-        planes, entries, extra = [], [], []
-        for k, p in enumerate(j.planes):
-            idx = j.flag0 + k
-            if p.raw >= 2 and p.role != "tail" and h_flags[idx] == 0:
-                planes.append((P.CONST, P.Const.major, p.raw, 1))
-                entries.append(["const", 1, bytes((int(h_first[idx]),))])
-                continue
-            if p.spec is not None:
-                enc = _payload.header_size(p.raw, p.spec.chunk) + p.comp
-                if enc < p.raw:
-                    sizes = batches[p.spec]["comp"][p.chunk0: p.chunk0 + p.nchunks]
-                    planes.append((CODEC_IDS[p.spec.name], 1, p.raw, enc))
-                    entries.append(["coded", enc, _payload.pack_header(
-                        version, p.spec.option, p.spec.chunk, sizes)])
-                    continue
-            planes.append((P.RAW, P.Raw.major, p.raw, p.raw))
-            entries.append(["raw", p.raw, b""])
-        head = C.header(j.dt.code, flag_bits, j.layout, checksum, bsum, j.raw_len, planes)
-        planar = len(head) + sum(e[1] for e in entries)
-        flat = C.header_size(flag_bits, j.raw_len, [(j.raw_len, j.raw_len)]) + j.raw_len
-        if planar >= flat or (j.layout == _planes.FLAT and entries[0][0] == "raw"):
-            flat_head = C.header(j.dt.code, flag_bits, _planes.FLAT, checksum, bsum,
-                                 j.raw_len, [(P.RAW, P.Raw.major, j.raw_len, j.raw_len)])
-            layouts.append((len(meta), len(flat_head), None, flat))
-            meta += flat_head
-            if bases[i] is not None and j.layout != _planes.FLAT:
-                fallback.append(i)
-            continue
-        layouts.append((len(meta), len(head), [], planar))
-        meta += head
-        for kind, enc, extra in entries:
-            layouts[-1][2].append((kind, enc, len(meta)))
-            meta += extra
-    return layouts, meta, fallback
+
+class _Layout:
+    """What ``_decide`` chose, as columns: per blob ``flat`` (stored as one raw plane),
+    ``hstart`` / ``hlen`` (its header in ``meta``), ``blob_len``; per plane of the plan
+    ``kind``, ``enc``, ``pos`` (offset after the header), ``tsize`` (payload table
+    bytes), ``extra`` (where its constant byte or payload table is in ``meta``)."""
+
+    def __init__(self, **cols) -> None:
+        self.__dict__.update(cols)
+
+
+def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version) -> _Layout:
+    """Pick each plane's coding and write every header into one metadata buffer:
+    container headers (``codec._container``), then constant bytes, then nvCOMP payload
+    tables. A blob is stored as one raw plane, as ``_cpu.pack_chunk`` does, when coding
+    does not pay; its delta needs the XOR then (``fallback``)."""
+    nj, npl = len(pl), pl.nplanes
+    flag = h_flags[:npl]
+    const = (pl.raw >= 2) & (pl.role != TAIL) & (flag == 0)
+    tsize = _payload.FIXED_SIZE + 4 * pl.nch
+    coded = ~const & (pl.spec >= 0) & (tsize + pl.comp < pl.raw)
+    kind = np.where(const, CONST, np.where(coded, CODED, RAW))
+    enc = np.where(const, 1, np.where(coded, tsize + pl.comp, pl.raw))
+    spec_cid = np.array([CODEC_IDS[s.name] for s in pl.specs] + [0], dtype=np.int64)
+    cid = np.where(const, P.CONST, np.where(coded, spec_cid[pl.spec], P.RAW))
+    major = np.where(const, P.Const.major, np.where(coded, 1, P.Raw.major))
+    flags = np.where(delta, C.FLAG_DELTA, 0)
+    planar = C.header_sizes(delta, pl.raw_len, pl.job, pl.raw, enc) + \
+        np.bincount(pl.job, weights=enc, minlength=nj).astype(np.int64)
+    one = np.arange(nj)
+    flat_len = C.header_sizes(delta, pl.raw_len, one, pl.raw_len, pl.raw_len) + pl.raw_len
+    flat = (planar >= flat_len) | ((pl.layout == _planes.FLAT) & (kind[pl.p0] == RAW)
+                                   if npl else True)
+    fallback = np.flatnonzero(flat & delta & (pl.layout != _planes.FLAT))
+    # the planes the headers list: a planar blob's own, one raw plane for a flat one
+    keep = ~flat[pl.job]
+    hb = np.concatenate([pl.job[keep], one[flat]])
+    order = np.argsort(hb, kind="stable")
+    col = lambda a, b_: np.concatenate([a[keep], b_])[order]
+    nf = int(flat.sum())
+    sums = h_hash[:nj]
+    base_sums = np.zeros(nj, dtype=np.uint64)
+    base_sums[delta] = h_hash[nj: nj + int(delta.sum())]
+    heads, hstart, hlen = C.header_many(
+        [dt.code for dt in pl.dts], flags, np.where(flat, _planes.FLAT, pl.layout), sums,
+        base_sums, pl.raw_len, hb[order], col(cid, np.full(nf, P.RAW)),
+        col(major, np.full(nf, P.Raw.major)), col(pl.raw, pl.raw_len[flat]),
+        col(enc, pl.raw_len[flat]))
+    # constant bytes, then payload tables, after the headers
+    extra = np.full(npl, -1, dtype=np.int64)
+    cq = np.flatnonzero(const & keep)
+    extra[cq] = len(heads) + np.arange(len(cq))
+    tq = np.flatnonzero(coded & keep)
+    counts = pl.nch[tq]
+    gbase = {s: sum(len(batches[t]["comp"]) for t in sorted(batches) if t < s) for s in batches}
+    allcomp = np.concatenate([batches[s]["comp"] for s in sorted(batches)]) if batches else \
+        np.zeros(0, dtype=np.int64)
+    c0 = np.array([gbase[s] for s in pl.spec[tq].tolist()], dtype=np.int64) + pl.chunk0[tq]
+    first = np.cumsum(counts) - counts
+    sizes = allcomp[np.repeat(c0 - first, counts) + np.arange(int(counts.sum()))]
+    chunk = np.array([s.chunk for s in pl.specs] + [0], dtype=np.int64)[pl.spec[tq]]
+    option = np.array([s.option for s in pl.specs] + [0], dtype=np.int64)[pl.spec[tq]]
+    tables, tstart = _payload.pack_many(version, option, chunk, sizes, counts)
+    extra[tq] = len(heads) + len(cq) + tstart
+    hextra = col(extra, np.full(nf, -1, dtype=np.int64))
+    meta = np.concatenate([heads, h_first[cq].astype(np.uint8), tables])
+    ex = np.cumsum(enc * keep) - enc * keep
+    pos = ex - np.append(ex, 0)[pl.p0][pl.job]
+    return _Layout(flat=flat, hstart=hstart, hlen=hlen,
+                   blob_len=np.where(flat, flat_len, planar), kind=kind, enc=enc, pos=pos,
+                   tsize=tsize, extra=extra, hextra=hextra, meta=meta, fallback=fallback,
+                   delta=np.asarray(delta, dtype=bool))

@@ -386,6 +386,11 @@ __global__ void split(const i64* descs, u32* flags) {
 #pragma unroll
         for (int k = 0; k < L::NP; ++k) rbyte[k] = plane_byte<T, MODE, EB, MB>(r.w[0], k);
     }
+    // which planes differ from the reference, over this thread's groups (flagged once,
+    // after the loop: one atomic per thread and plane, not one read per group)
+    bool sdiff = false, pdiff[L::NP];
+#pragma unroll
+    for (int k = 0; k < L::NP; ++k) pdiff[k] = false;
     i64 step = (i64)gridDim.x * blockDim.x;
     for (i64 gi = (i64)blockIdx.x * blockDim.x + threadIdx.x; gi <= ngroups; gi += step) {
         if (gi == ngroups) {   // bytes past the last whole word
@@ -408,7 +413,7 @@ __global__ void split(const i64* descs, u32* flags) {
         if (L::SIGN) {
             u8 s = sign_byte<T>(g);
             planes[0][gi] = s;
-            if (s != rsign) flag_plane(flags, fidx);
+            sdiff |= s != rsign;
         }
 #pragma unroll
         for (int k = 0; k < L::NP; ++k) {
@@ -427,9 +432,13 @@ __global__ void split(const i64* descs, u32* flags) {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) if (j < cnt) out[j] = (u8)(v >> (8 * j));
             }
-            if (differs) flag_plane(flags, fidx + L::SIGN + k);
+            pdiff[k] |= differs;
         }
     }
+    if (L::SIGN && sdiff) flag_plane(flags, fidx);
+#pragma unroll
+    for (int k = 0; k < L::NP; ++k)
+        if (pdiff[k]) flag_plane(flags, fidx + L::SIGN + k);
 }
 
 // descriptor as for split, with 0 = destination

@@ -90,3 +90,51 @@ def parse_table(head, enc_len: int, raw_len: int, codec: str) -> PayloadHeader:
         raise FormatError(f"{codec} plane payload holds {enc_len - start} bytes of chunks but "
                           f"its table lists {listed}")
     return PayloadHeader((vmaj, vmin, vpat), option, chunk, sizes, start)
+
+
+# --------------------------------------------------------------------------- many at once
+
+def pack_many(version: tuple[int, int, int], option, chunk, sizes, counts):
+    """Every plane's payload header (``pack_header``) back to back: ``option`` and
+    ``chunk`` per plane, ``sizes`` of all chunks concatenated, ``counts`` per plane.
+    Returns (uint8 array, start of each header)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    words = 2 + counts
+    w0 = np.cumsum(words) - words
+    out = np.zeros(int(words.sum()), dtype="<u4")
+    vmaj, vmin, vpat = version
+    out[w0] = (vmaj | (vmin << 8) | (vpat << 16)) + (np.asarray(option, np.int64) << 24)
+    out[w0 + 1] = np.asarray(chunk, dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    idx = np.repeat(w0 + 2 - first, counts) + np.arange(int(counts.sum()))
+    out[idx] = np.asarray(sizes, dtype=np.int64)
+    return out.view(np.uint8), 4 * w0
+
+
+def parse_many(buf, starts, enc_len, raw_len):
+    """Many payload headers (as ``parse_table`` reads them) from one byte array: each
+    table's first bytes at ``starts``, its plane's payload and raw lengths. Returns
+    (option, chunk, version (n, 3), counts, sizes of all chunks concatenated, indices
+    ``parse_table`` would refuse)."""
+    a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    starts = np.asarray(starts, dtype=np.int64)
+    enc_len = np.asarray(enc_len, dtype=np.int64)
+    raw_len = np.asarray(raw_len, dtype=np.int64)
+    n = len(starts)
+    pad = np.concatenate([a, np.zeros(8, dtype=np.uint8)])
+    bad = (enc_len < FIXED_SIZE) | (starts + FIXED_SIZE > len(a))
+    s = np.where(bad, 0, starts)
+    version = np.stack([pad[s + k] for k in range(3)], axis=1).astype(np.int64)
+    option = pad[s + 3].astype(np.int64)
+    chunk = sum(pad[s + 4 + k].astype(np.int64) << (8 * k) for k in range(4))
+    bad |= chunk == 0
+    counts = np.where(bad, 0, -(-raw_len // np.maximum(chunk, 1)))
+    start = FIXED_SIZE + 4 * counts
+    bad |= (enc_len < start) | (s + start > len(a))
+    counts = np.where(bad, 0, counts)
+    first = np.cumsum(counts) - counts
+    idx = np.repeat(s + FIXED_SIZE - 4 * first, counts) + 4 * np.arange(int(counts.sum()))
+    sizes = sum(pad[idx + k].astype(np.int64) << (8 * k) for k in range(4))
+    listed = np.bincount(np.repeat(np.arange(n), counts), weights=sizes, minlength=n)
+    bad |= listed.astype(np.int64) != enc_len - start
+    return option, chunk, version, counts, sizes, np.flatnonzero(bad)
