@@ -239,17 +239,17 @@ def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
     m = kind == 1
     out[off[m]] = val[m].astype(np.uint8)
     m8 = np.flatnonzero(kind == 8)
-    for b in range(8):
-        out[off[m8] + b] = ((val[m8] >> u64(8 * b)) & u64(0xFF)).astype(np.uint8)
+    if len(m8):
+        out[off[m8][:, None] + np.arange(8)] = \
+            val[m8].astype("<u8").view(np.uint8).reshape(-1, 8)
     mv = np.flatnonzero(kind == 0)
-    vv, wv = val[mv], width[mv]
-    for b in range(10):
-        sel = wv > b
-        if not sel.any():
-            break
-        byte = (vv[sel] >> u64(7 * b)) & u64(0x7F)
-        out[off[mv[sel]] + b] = (byte | np.where(wv[sel] - 1 > b, u64(0x80), u64(0))
-                                 ).astype(np.uint8)
+    if len(mv):
+        vv, wv = val[mv], width[mv]
+        k = np.arange(10)
+        groups = ((vv[:, None] >> (7 * k).astype(np.uint64)) & u64(0x7F)) | \
+            np.where(k < (wv - 1)[:, None], u64(0x80), u64(0))
+        live = k < wv[:, None]
+        out[(off[mv][:, None] + k)[live]] = groups[live].astype(np.uint8)
     lens = np.bincount(blob, weights=width, minlength=nb).astype(np.int64)
     return out, np.cumsum(lens) - lens, lens
 
@@ -288,17 +288,15 @@ def unpack_many(buf, starts, totals, avail=None):
     bad = starts + _FIXED.size > limit
     pad = np.concatenate([a, np.zeros(96, dtype=np.uint8)])
     s = np.where(bad, 0, starts)
+    top = len(pad) - 16           # reads past the bytes are clamped (those blobs refuse)
 
     def byte(pos):
-        return pad[np.minimum(pos, len(pad) - 1)].astype(np.uint64)
+        return pad[np.minimum(pos, top)].astype(np.uint64)
 
     def u64le(pos):
-        v = np.zeros(len(pos), dtype=np.uint64)
-        for b in range(8):
-            v |= byte(pos + b) << np.uint64(8 * b)
-        return v
+        return np.ascontiguousarray(pad[pos[:, None] + np.arange(8)]).view("<u8").reshape(-1)
 
-    magic = np.stack([pad[s + b] for b in range(4)], axis=1)
+    magic = pad[s[:, None] + np.arange(4)]
     bad |= ~np.all(magic == np.frombuffer(MAGIC, dtype=np.uint8), axis=1)
     major, dcode, flags, layout, npl = (pad[s + o].astype(np.int64) for o in (4, 6, 7, 8, 9))
     bad |= (major != MAJOR) | ((flags & ~KNOWN_FLAGS) != 0)
@@ -306,17 +304,17 @@ def unpack_many(buf, starts, totals, avail=None):
     delta = (flags & FLAG_DELTA) != 0
     base = np.where(delta, u64le(s + 18), np.uint64(0))
     pos = s + 18 + 8 * delta
+    k10 = np.arange(10)
+    shifts = (7 * k10).astype(np.uint64)
 
     def varint(pos):
-        n = np.zeros(len(pos), dtype=np.uint64)
-        done = np.zeros(len(pos), dtype=bool)
-        ln = np.zeros(len(pos), dtype=np.int64)
-        for k in range(10):
-            c = byte(pos + k)
-            take = ~done
-            n |= np.where(take, (c & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-            ln += take
-            done |= (c & np.uint64(0x80)) == 0
+        g = pad[np.minimum(pos, top)[:, None] + k10]
+        ends = (g & 0x80) == 0
+        done = ends.any(axis=1)
+        ln = np.where(done, np.argmax(ends, axis=1) + 1, 10)
+        take = k10 < ln[:, None]
+        n = np.bitwise_or.reduce(np.where(take, (g & 0x7F).astype(np.uint64) << shifts,
+                                          np.uint64(0)), axis=1)
         # unpack refuses a varint of more than 10 bytes (shift > 70); 10 bytes overflows u64
         return n, pos + ln, ~done | (ln == 10)
 

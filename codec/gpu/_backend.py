@@ -57,6 +57,7 @@ class CudaBackend:
         self._fns: dict[str, object] = {}
         self._codecs: dict[CodecSpec, object] = {}
         self._bounds: dict[tuple[CodecSpec, int], int] = {}
+        self._configs: dict[tuple, object] = {}        # decompression configs, recent last
         v = nvcomp.__version__.split(".")
         self.nvcomp_version = tuple(int(x) for x in (v + ["0", "0"])[:3])
 
@@ -172,7 +173,15 @@ class CudaBackend:
         codec = self._codec(spec)
         ins = nv.as_arrays(src, src_off, src_sizes, self.stream.ptr)
         outs = nv.as_arrays(dst, dst_off, dst_sizes, self.stream.ptr)
-        cfg = codec.decompression_config(codec.compression_config(list(dst_sizes)))
+        # the configuration depends on the chunk sizes alone, and checkpoints repeat their
+        # shapes: building it costs about as much as the decode's own launch
+        key = (spec, tuple(dst_sizes))
+        cfg = self._configs.pop(key, None)
+        if cfg is None:
+            cfg = codec.decompression_config(codec.compression_config(list(dst_sizes)))
+        self._configs[key] = cfg
+        while len(self._configs) > 16:
+            self._configs.pop(next(iter(self._configs)))
         try:
             codec.decode(ins, out=outs, decompression_config=cfg)
         except (RuntimeError, ValueError) as exc:

@@ -100,7 +100,9 @@ def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
             if backend.emulated:
                 raise CodecError("device arrays need a real GPU backend")
             import cupy
-            a = cupy.ascontiguousarray(cupy.asarray(data))
+            a = data
+            if type(a) is not cupy.ndarray or not a.flags.c_contiguous:
+                a = cupy.ascontiguousarray(cupy.asarray(data))
             keep.append(a)
             out.append(Buffer(int(a.data.ptr), int(a.nbytes), a))
         else:

@@ -121,17 +121,18 @@ class _Decode:
         and says what is wrong with a bad blob."""
         b, keep = self.b, self.keep
         host_mv: list = []
-        dev: dict[int, tuple[int, int]] = {}
+        on_dev = []
         for i, blob in enumerate(self.blobs):
             mod = type(blob).__module__
             if mod.startswith("cupy") or (mod.startswith("torch") and
                                           getattr(blob, "is_cuda", False)):
-                r = resolve(b, [blob], self.staging, keep)[0]
-                dev[i] = (r.ptr, r.nbytes)
+                on_dev.append(i)
                 host_mv.append(None)
             else:
                 host_mv.append(memoryview(blob).cast("B"))
-        self.host_mv, self.dev = host_mv, dev
+        got = resolve(b, [self.blobs[i] for i in on_dev], self.staging, keep)
+        self.host_mv = host_mv
+        self.dev = {i: (r.ptr, r.nbytes) for i, r in zip(on_dev, got)}
         if not self._headers_batch():
             self._headers_each()
         self.mark("headers")

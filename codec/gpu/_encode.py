@@ -283,10 +283,11 @@ class _Encode:
         items = self.items
         ok = _self_check(self.b, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
                          self.base_ptr, self.h_hash[: len(self.datas)], self.dev_blobs,
-                         [it[2] for it in items], self.keep)
+                         [it[2] for it in items], self.keep,
+                         lambda stage: self.mark("check: " + stage))
         for i in np.flatnonzero(~ok).tolist():
             self.redo[i] = _cpu_blob(items[i][0], self.dts[i], items[i][2])
-        self.mark("self-check")
+        self.mark("check: hash")
         if self.redo:
             log.warning("GPU codec: %d of %d blobs did not restore exactly and were coded on "
                         "the CPU instead", len(self.redo), len(self.datas))
@@ -314,7 +315,8 @@ class _Encode:
         return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep) -> np.ndarray:
+def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep,
+                mark=lambda stage: None) -> np.ndarray:
     """Which blobs decode (on this device) to bytes matching their checksum.
 
     Each blob is read as the decoder reads it, from the header bytes it was given (the
@@ -327,10 +329,13 @@ def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep) -> np.ndarr
     from ._decode import merge_planes, restore_planes
     try:
         cpl, src = _as_read(lay, at)
-        scratch = restore_planes(b, cpl, src, keep)
+        mark("headers")
+        scratch = restore_planes(b, cpl, src, keep, mark)
+        mark("nvcomp")
     except CodecError:      # a header or chunk the decoder refuses: find its blob the long way
         return np.array(_self_check_each(b, blobs, base_items), dtype=bool)
     out, offs = merge_planes(b, cpl, scratch, base_ptr, keep)
+    mark("merge")
     d_got = hash_buffers(b, b.ptr(out) + offs, cpl.raw_len, keep)
     got = np.empty(len(cpl), dtype=np.uint64)
     b.download(d_got, 0, got.view(np.uint8))
