@@ -304,17 +304,17 @@ def unpack_many(buf, starts, totals, avail=None):
     delta = (flags & FLAG_DELTA) != 0
     base = np.where(delta, u64le(s + 18), np.uint64(0))
     pos = s + 18 + 8 * delta
-    k10 = np.arange(10)
-    shifts = (7 * k10).astype(np.uint64)
-
-    def varint(pos):
-        g = pad[np.minimum(pos, top)[:, None] + k10]
+    def varint(pos, width=5):
+        # the first ``width`` bytes of every varint; again with 10 if one runs longer
+        k = np.arange(width)
+        g = pad[np.minimum(pos, top)[:, None] + k]
         ends = (g & 0x80) == 0
         done = ends.any(axis=1)
-        ln = np.where(done, np.argmax(ends, axis=1) + 1, 10)
-        take = k10 < ln[:, None]
-        n = np.bitwise_or.reduce(np.where(take, (g & 0x7F).astype(np.uint64) << shifts,
-                                          np.uint64(0)), axis=1)
+        if width < 10 and not done.all():
+            return varint(pos, 10)
+        ln = np.where(done, np.argmax(ends, axis=1) + 1, width)
+        n = np.bitwise_or.reduce(np.where(k < ln[:, None], (g & 0x7F).astype(np.uint64)
+                                          << (7 * k).astype(np.uint64), np.uint64(0)), axis=1)
         # unpack refuses a varint of more than 10 bytes (shift > 70); 10 bytes overflows u64
         return n, pos + ln, ~done | (ln == 10)
 

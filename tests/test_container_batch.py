@@ -129,3 +129,16 @@ def test_payload_tables_many_are_the_single_ones():
             assert (option[i], chunk[i], tuple(version[i]), counts[i]) == \
                 (h.option, h.chunk, h.version, h.nchunks)
             assert sizes[first[i]: first[i] + counts[i]].tolist() == h.sizes.tolist()
+
+
+def test_parse_many_reads_no_further_than_each_piece():
+    """A table cut short in its piece is refused, even though the next piece's bytes
+    follow it in the buffer."""
+    a = Y.pack_header((6, 0, 0), 0, 256, [10, 10, 10])
+    b = Y.pack_header((6, 0, 0), 0, 256, [5])
+    buf = a[:-4] + b
+    enc = [len(a) + 30, len(b) + 5]
+    *_, bad = Y.parse_many(buf, [0, len(a) - 4], enc, [3 * 256, 256], [len(a) - 4, len(b)])
+    assert bad.tolist() == [0]
+    *_, bad = Y.parse_many(a + b, [0, len(a)], enc, [3 * 256, 256], [len(a), len(b)])
+    assert bad.tolist() == []

@@ -3,6 +3,7 @@ split/merge launches and the plane plan (the container header is ``codec._contai
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -152,8 +153,9 @@ def hash_buffers(b, ptrs: list[int], lens: list[int], keep: list):
     for s in range(0, n, MAX_GRID_Y):
         cnt = min(MAX_GRID_Y, n - s)
         most = int(blocks[s: s + cnt].max())
-        if most:
-            b.launch("xxh3_blocks", (min(-(-most // 128), 8192), cnt), 128, [ip + 32 * s, sp])
+        if most:        # eight threads per 1 KiB block
+            b.launch("xxh3_blocks", (min(-(-8 * most // 128), 16384), cnt), 128,
+                     [ip + 32 * s, sp])
     b.launch("xxh3_scan", (-(-8 * n // 128), 1), 128, [ip, sp, ap, n])
     b.launch("xxh3_final", (-(-n // 128), 1), 128, [ip, ap, b.ptr(out), n])
     keep += [items, d_items, sums, accs]
@@ -309,18 +311,20 @@ class Plan:
     """
 
     def __init__(self, dts: list, layouts, raw_lens, profile: GpuProfile | None = None):
-        tpl: dict = {}
-        rows = []
-        ids = np.empty(len(dts), dtype=np.int64)
-        for i, key in enumerate(zip(dts, layouts, raw_lens)):
-            t = tpl.get(key)
-            if t is None:
-                t = tpl[key] = len(rows)
-                rows.append(_template(key[0], key[1], key[2], profile))
-            ids[i] = t
         self.dts = list(dts)
         self.layout = np.asarray(layouts, dtype=np.int64).reshape(-1)
         self.raw_len = np.asarray(raw_lens, dtype=np.int64).reshape(-1)
+        tpl: dict = {}
+        rows = []
+        ids = []
+        for dt, key in zip(self.dts, zip([dt.code for dt in self.dts], self.layout.tolist(),
+                                        self.raw_len.tolist())):
+            t = tpl.get(key)
+            if t is None:
+                t = tpl[key] = len(rows)
+                rows.append(_template(dt, key[1], key[2], profile))
+            ids.append(t)
+        ids = np.array(ids, dtype=np.int64)
         self.variants = list(dict.fromkeys(r[0] for r in rows))
         self.specs = list(dict.fromkeys(sp for r in rows for _, _, sp in r[3] if sp))
         vid = {v: k for k, v in enumerate(self.variants)}
@@ -344,6 +348,17 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.raw_len)
+
+    def shaped_as(self, dtype_codes, layouts, raw_lens) -> "Plan | None":
+        """A copy of this plan when its chunks have exactly these shapes (the plan is a
+        function of them), else None."""
+        if not (np.array_equal(self.layout, layouts) and np.array_equal(self.raw_len, raw_lens)
+                and [dt.code for dt in self.dts] == list(dtype_codes)):
+            return None
+        twin = copy.copy(self)
+        twin.spec = np.full(self.nplanes, -1, dtype=np.int64)
+        twin.specs = []
+        return twin
 
     @property
     def nplanes(self) -> int:

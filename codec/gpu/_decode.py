@@ -52,6 +52,7 @@ from ._common import (
 )
 
 PREFIX = 512            # bytes read back to parse the header of a blob on the device
+TABLE_GUESS = 1 << 16   # nvCOMP chunk size the first read of payload tables assumes
 
 
 @dataclass
@@ -138,8 +139,8 @@ class _Decode:
         self.mark("headers")
 
     def _read(self, planes_blob, pos, lens) -> tuple[bytes, np.ndarray]:
-        """Bytes at ``pos`` (``lens`` each) of the given blobs: one buffer and the start of
-        each piece (device blobs: one gather and one copy back)."""
+        """Bytes at ``pos`` (``lens`` each, fewer where a blob ends) of the given blobs: one
+        buffer and the start of each piece (device blobs: one gather and one copy back)."""
         host_mv, dev = self.host_mv, self.dev
         pieces: list = [None] * len(pos)
         want = []
@@ -196,16 +197,21 @@ class _Decode:
             return False
         cq = np.flatnonzero(coded)
         cb, cpos = heads.blob[cq], heads.pos[cq]
-        fixed, fstart = self._read(cb, cpos, np.minimum(enc[cq], _payload.FIXED_SIZE))
-        a = np.frombuffer(fixed, dtype=np.uint8)
-        a = np.concatenate([a, np.zeros(8, dtype=np.uint8)])
-        chunk = sum(a[fstart + 4 + k].astype(np.int64) << (8 * k) for k in range(4))
-        tlen = _payload.FIXED_SIZE + 4 * (-(-pl.raw[cq] // np.maximum(chunk, 1)))
+        # payload tables, read as long as a chunk of TABLE_GUESS bytes makes them; once more
+        # at their exact length when a table lists more chunks than that
+        tlen = _payload.FIXED_SIZE + 4 * (-(-pl.raw[cq] // TABLE_GUESS))
         tables, tstart = self._read(cb, cpos, np.minimum(enc[cq], tlen))
         option, chunk, version, counts, sizes, tbad = _payload.parse_many(
-            tables, tstart, enc[cq], pl.raw[cq])
+            tables, tstart, enc[cq], pl.raw[cq], np.diff(np.append(tstart, len(tables))))
         if len(tbad):
-            return False
+            a = np.concatenate([np.frombuffer(tables, dtype=np.uint8), np.zeros(8, np.uint8)])
+            chunk = sum(a[tstart + 4 + k].astype(np.int64) << (8 * k) for k in range(4))
+            tlen = _payload.FIXED_SIZE + 4 * (-(-pl.raw[cq] // np.maximum(chunk, 1)))
+            tables, tstart = self._read(cb, cpos, np.minimum(enc[cq], tlen))
+            option, chunk, version, counts, sizes, tbad = _payload.parse_many(
+                tables, tstart, enc[cq], pl.raw[cq], np.diff(np.append(tstart, len(tables))))
+            if len(tbad):
+                return False
         ans = cid[cq] == P.NVCOMP_ANS
         if ans.any():
             for v in {tuple(x) for x in version[ans].tolist()}:

@@ -281,7 +281,7 @@ class _Encode:
         if not self.profile.verify:
             return
         items = self.items
-        ok = _self_check(self.b, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
+        ok = _self_check(self.b, self.pl, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
                          self.base_ptr, self.h_hash[: len(self.datas)], self.dev_blobs,
                          [it[2] for it in items], self.keep,
                          lambda stage: self.mark("check: " + stage))
@@ -315,7 +315,7 @@ class _Encode:
         return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep,
+def _self_check(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep,
                 mark=lambda stage: None) -> np.ndarray:
     """Which blobs decode (on this device) to bytes matching their checksum.
 
@@ -328,7 +328,7 @@ def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep,
     """
     from ._decode import merge_planes, restore_planes
     try:
-        cpl, src = _as_read(lay, at)
+        cpl, src = _as_read(pl, lay, at)
         mark("headers")
         scratch = restore_planes(b, cpl, src, keep, mark)
         mark("nvcomp")
@@ -343,7 +343,7 @@ def _self_check(b, lay, at, base_ptr, sums, blobs, base_items, keep,
     return got == sums
 
 
-def _as_read(lay, at):
+def _as_read(pl, lay, at):
     """The decoder's plan and plane sources of every assembled blob, from its header bytes
     (``codec._container`` and the payload module read them, as the decoder does); raises
     CodecError for anything the decoder would refuse."""
@@ -351,8 +351,11 @@ def _as_read(lay, at):
     heads, bad = C.unpack_many(lay.meta, lay.hstart, lay.blob_len, lay.hlen)
     if len(bad):
         raise CodecError(f"the encoder wrote {len(bad)} headers its reader refuses")
-    dts = [from_code(c) for c in heads.dtype_code.tolist()]
-    cpl = Plan(dts, heads.layout, heads.raw_len)
+    codes = heads.dtype_code.tolist()
+    cpl = pl.shaped_as(codes, heads.layout, heads.raw_len)
+    if cpl is None:
+        known = {c: from_code(c) for c in set(codes)}
+        cpl = Plan([known[c] for c in codes], heads.layout, heads.raw_len)
     cid, major, enc = heads.codec_id, heads.codec_major, heads.enc_len
     raw, const = cid == P.RAW, cid == P.CONST
     coded = np.isin(cid, list(CODEC_IDS.values()))

@@ -169,21 +169,32 @@ __device__ __forceinline__ void acc_pair(u64* acc, int j, int q, u64 d0, u64 d1)
 }
 
 // the scramble chain of one lane over nfull whole blocks' sums (c: that lane's first sum)
+// (the chain is serial; its sums are loaded 16 at a time, so the loads overlap)
+__device__ __forceinline__ u64 scramble(u64 acc, u64 sum, u64 key) {
+    acc += sum;
+    acc ^= acc >> 47;
+    acc ^= key;
+    return acc * P32_1;
+}
 __device__ __forceinline__ u64 chain_lane(const u64* c, u64 nfull, int lane) {
     u64 acc = XINIT[lane];
     u64 key = XKEY[16 + lane];
-#pragma unroll 16
-    for (u64 b = 0; b < nfull; ++b) {
-        acc += c[8 * b];
-        acc ^= acc >> 47;
-        acc ^= key;
-        acc *= P32_1;
+    u64 b = 0;
+    for (; b + 16 <= nfull; b += 16) {
+        u64 v[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) v[j] = c[8 * (b + j)];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc = scramble(acc, v[j], key);
     }
+    for (; b < nfull; ++b) acc = scramble(acc, c[8 * b], key);
     return acc;
 }
 
 // items: 4 u64 per buffer: pointer (16-byte aligned when len > 240), length, offset of
-// its block sums in `sums` (in blocks of 8 u64), unused.
+// its block sums in `sums` (in blocks of 8 u64), unused. One thread per (block, lane):
+// lane l adds word l^1 and the product of word l with the key; the eight threads of a
+// block read its stripes together (16 bytes each, coalesced).
 extern "C" __global__ void xxh3_blocks(const u64* items, u64* sums) {
     const u64* it = items + 4 * (u64)blockIdx.y;
     u64 len = it[1];
@@ -192,22 +203,22 @@ extern "C" __global__ void xxh3_blocks(const u64* items, u64* sums) {
     u64 nfull = (len - 1) / 1024;
     u64* out = sums + 8 * it[2];
     u64 step = (u64)gridDim.x * blockDim.x;
-    for (u64 b = (u64)blockIdx.x * blockDim.x + threadIdx.x; b <= nfull; b += step) {
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < 8 * (nfull + 1); t += step) {
+        u64 b = t >> 3;
+        int lane = (int)(t & 7);
         int nstripes = b < nfull ? 16 : (int)(((len - 1) - 1024 * nfull) / 64);
-        const ulonglong2* w = (const ulonglong2*)(p + 1024 * b);
-        u64 acc[8];
-        for (int i = 0; i < 8; ++i) acc[i] = 0;
+        const ulonglong2* w = (const ulonglong2*)(p + 1024 * b) + (lane >> 1);
+        u64 acc = 0;
 #pragma unroll
         for (int s = 0; s < 16; ++s) {
             if (s < nstripes) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    ulonglong2 v = w[4 * s + q];
-                    acc_pair(acc, s, q, v.x, v.y);
-                }
+                ulonglong2 v = w[4 * s];
+                u64 mine = (lane & 1) ? v.y : v.x, other = (lane & 1) ? v.x : v.y;
+                u64 k = mine ^ XKEY[s + lane];
+                acc += other + (k & 0xffffffffULL) * (k >> 32);
             }
         }
-        for (int i = 0; i < 8; ++i) out[8 * b + i] = acc[i];
+        out[8 * b + lane] = acc;
     }
 }
 

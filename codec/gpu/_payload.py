@@ -111,9 +111,10 @@ def pack_many(version: tuple[int, int, int], option, chunk, sizes, counts):
     return out.view(np.uint8), 4 * w0
 
 
-def parse_many(buf, starts, enc_len, raw_len):
+def parse_many(buf, starts, enc_len, raw_len, avail=None):
     """Many payload headers (as ``parse_table`` reads them) from one byte array: each
-    table's first bytes at ``starts``, its plane's payload and raw lengths. Returns
+    table's first ``avail`` bytes (default: to the end of ``buf``) at ``starts``, its
+    plane's payload and raw lengths. Returns
     (option, chunk, version (n, 3), counts, sizes of all chunks concatenated, indices
     ``parse_table`` would refuse)."""
     a = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
@@ -121,8 +122,10 @@ def parse_many(buf, starts, enc_len, raw_len):
     enc_len = np.asarray(enc_len, dtype=np.int64)
     raw_len = np.asarray(raw_len, dtype=np.int64)
     n = len(starts)
+    end = np.full(n, len(a), dtype=np.int64) if avail is None else \
+        np.minimum(starts + np.asarray(avail, dtype=np.int64), len(a))
     pad = np.concatenate([a, np.zeros(8, dtype=np.uint8)])
-    bad = (enc_len < FIXED_SIZE) | (starts + FIXED_SIZE > len(a))
+    bad = (enc_len < FIXED_SIZE) | (starts + FIXED_SIZE > end)
     s = np.where(bad, 0, starts)
     version = np.stack([pad[s + k] for k in range(3)], axis=1).astype(np.int64)
     option = pad[s + 3].astype(np.int64)
@@ -130,7 +133,7 @@ def parse_many(buf, starts, enc_len, raw_len):
     bad |= chunk == 0
     counts = np.where(bad, 0, -(-raw_len // np.maximum(chunk, 1)))
     start = FIXED_SIZE + 4 * counts
-    bad |= (enc_len < start) | (s + start > len(a))
+    bad |= (enc_len < start) | (s + start > end)
     counts = np.where(bad, 0, counts)
     first = np.cumsum(counts) - counts
     idx = np.repeat(s + FIXED_SIZE - 4 * first, counts) + 4 * np.arange(int(counts.sum()))
