@@ -5,8 +5,8 @@ An ingest session hands its chunks to :class:`GpuCoding` instead of the codec th
 pool: they are gathered into batches of about ``IngestConfig.gpu_batch_bytes``; each
 batch gets its delta bases on the codec pool (read from the base version's decoded copy
 where there is one, checked against the manifest, else from the store), then is coded by
-one ``s4fs.codec.gpu.compress_many`` call (two when some deltas do not pay) on the
-process's GPU thread while the next batch fills. Every chunk's Future resolves with what
+one ``s4fs.codec.gpu.compress_many`` call (deltas, and every chunk in full so that the
+smaller wins) on the process's GPU thread while the next batch fills. Every chunk's Future resolves with what
 ``IngestSession._encode`` returns, so the session packs and commits as usual. The delta
 rule is ``ingest.code_chunk``'s. A batch the GPU cannot code (out of memory, a driver
 error) is coded on the CPU instead, with a warning: a save never fails for it.
@@ -30,8 +30,8 @@ log = logging.getLogger("s4fs.ingest")
 class GpuCoding:
     """The GPU worker of a session: chunks gathered into batches of about
     ``cfg.gpu_batch_bytes``; each batch gets its delta bases (read from the base
-    version's decoded copy where there is one) on the codec pool, then is coded by one or
-    two ``s4fs.codec.gpu.compress_many`` calls on the process's GPU thread while the next
+    version's decoded copy where there is one) on the codec pool, then is coded by one
+    ``s4fs.codec.gpu.compress_many`` call on the process's GPU thread while the next
     batch fills. The choice of delta or full coding is ``code_chunk``'s; a batch the GPU
     cannot code (out of memory, a driver error) is coded on the CPU instead, with a
     warning, so a save never fails for it."""
@@ -141,23 +141,18 @@ def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
     for i, p in enumerate(prep):
         if p is not None and p[0] == "same":
             res[i] = (None, batch[i][2], p[1], len(batch[i][0]))
+    # one call: every delta, and every chunk in full (delta candidates too: the smaller
+    # wins unless the delta is tiny); a chunk's bytes are staged once for both codings
     blobs = gpu.compress_many([(batch[i][0], batch[i][1], prep[i][1]) for i in deltas] +
-                              [(batch[i][0], batch[i][1]) for i in fulls], profile=profile,
-                              out="host")
-    again = []
-    for i, blob in zip(deltas, blobs):
-        if delta_is_tiny(len(blob), len(batch[i][0])):
-            res[i] = (blob, batch[i][2], prep[i][2], len(batch[i][0]))
-        else:
-            again.append((i, blob))
-    for i, blob in zip(fulls, blobs[len(deltas):]):
+                              [(batch[i][0], batch[i][1]) for i in deltas + fulls],
+                              profile=profile, out="host")
+    full = dict(zip(deltas + fulls, blobs[len(deltas):]))
+    for i, delta in zip(deltas, blobs):
+        n = len(batch[i][0])
+        keep = delta_is_tiny(len(delta), n) or keep_delta(len(delta), len(full[i]), cfg)
+        res[i] = (delta if keep else full[i], batch[i][2] if keep else None, prep[i][2], n)
+    for i in fulls:
         # the blob's header holds the chunk's XXH3-64, computed on the device
-        res[i] = (blob, None, _container.unpack(blob, whole=False).checksum, len(batch[i][0]))
-    if again:
-        full = gpu.compress_many([(batch[i][0], batch[i][1]) for i, _ in again],
-                                 profile=profile, out="host")
-        for (i, delta), f in zip(again, full):
-            keep = keep_delta(len(delta), len(f), cfg)
-            res[i] = (delta if keep else f, batch[i][2] if keep else None, prep[i][2],
-                      len(batch[i][0]))
+        res[i] = (full[i], None, _container.unpack(full[i], whole=False).checksum,
+                  len(batch[i][0]))
     return res

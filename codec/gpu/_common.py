@@ -23,7 +23,7 @@ from ._profiles import GpuProfile
 ALIGN = 256             # every plane and staged buffer starts on this boundary
 MIN_CODED = 64          # planes shorter than this are stored raw
 SEG_MAX = 1 << 18       # copy segments are cut to at most this many bytes
-PIECE = 32 << 20        # host staging copies overlap in pieces of this size
+PIECE = 8 << 20         # host staging copies overlap in pieces of this size
 MAX_GRID_Y = 65535
 
 CODEC_IDS = {"ans": P.NVCOMP_ANS, "gdeflate": P.NVCOMP_GDEFLATE, "deflate": P.NVCOMP_DEFLATE}
@@ -48,6 +48,7 @@ class Staging:
     def __init__(self, backend) -> None:
         self.b = backend
         self.views: list[tuple[int, memoryview]] = []
+        self.known: dict[int, tuple] = {}       # id(object) -> (object, offset, bytes)
         self.total = 0
         self.dev = None
         self._host = None
@@ -72,7 +73,7 @@ class Staging:
             host[off: off + len(mv)] = np.frombuffer(mv, dtype=np.uint8)
             return job
 
-        if self.total < 4 * PIECE or b.emulated:
+        if self.total < 2 * PIECE or b.emulated:
             for job in pieces:
                 put(job)
             b.upload(self.dev, 0, host[: self.total])
@@ -107,8 +108,11 @@ def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
             keep.append(a)
             out.append(Buffer(int(a.data.ptr), int(a.nbytes), a))
         else:
-            mv = as_bytes(data)
-            out.append(("host", staging.add(mv), len(mv)))
+            seen = staging.known.get(id(data))
+            if seen is None or seen[0] is not data:        # one staged copy per object
+                mv = as_bytes(data)
+                seen = staging.known[id(data)] = (data, staging.add(mv), len(mv))
+            out.append(("host", seen[1], seen[2]))
     for t in devices.values():      # after every copy .contiguous() queued
         backend.wait_external(t)
     return out
