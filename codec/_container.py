@@ -208,50 +208,48 @@ def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
     pb = np.asarray(plane_blob, dtype=np.int64)
     nplanes = np.bincount(pb, minlength=nb)
     delta = (flags & FLAG_DELTA) != 0
-    u64 = np.uint64
-    # every field as (blob, order, kind, value); kind 1: one byte, 8: u64, 0: varint
-    fixed = np.stack([np.full(nb, b, dtype=np.uint64) for b in MAGIC] +
-                     [np.full(nb, MAJOR, u64), np.full(nb, MINOR, u64),
-                      np.asarray(dtype_code, u64), flags.astype(u64), np.asarray(layout, u64),
-                      nplanes.astype(u64)], axis=1)
-    blobs = [np.repeat(np.arange(nb), 10), np.arange(nb), np.flatnonzero(delta), np.arange(nb)]
-    kinds = [np.ones(10 * nb, dtype=np.int64), np.full(nb, 8), np.full(int(delta.sum()), 8),
-             np.zeros(nb, dtype=np.int64)]
-    vals = [fixed.reshape(-1), np.asarray(checksum, u64),
-            np.asarray(base_checksum, u64)[delta] if delta.any() else np.zeros(0, u64),
-            np.asarray(raw_len, u64)]
-    orders = [np.tile(np.arange(10), nb), np.full(nb, 10), np.full(int(delta.sum()), 11),
-              np.full(nb, 12)]
+    raw_len = np.asarray(raw_len, dtype=np.uint64)
+    praw, penc = np.asarray(plane_raw, np.uint64), np.asarray(plane_enc, np.uint64)
+    # where every field goes: the fixed part, the base checksum, the raw length, then
+    # per plane two bytes and two varints
+    w_len, w_raw, w_enc = varint_sizes(raw_len), varint_sizes(praw), varint_sizes(penc)
+    per_plane = 2 + w_raw + w_enc
+    pstart = _FIXED.size + 8 * delta + w_len                 # offset of plane 0's fields
+    excl = np.cumsum(per_plane) - per_plane
     first = np.cumsum(nplanes) - nplanes
-    k = np.arange(len(pb)) - first[pb]
-    pvals = np.stack([np.asarray(plane_cid, u64), np.asarray(plane_major, u64),
-                      np.asarray(plane_raw, u64), np.asarray(plane_enc, u64)], axis=1)
-    blobs.append(np.repeat(pb, 4))
-    kinds.append(np.tile(np.array([1, 1, 0, 0]), len(pb)))
-    vals.append(pvals.reshape(-1))
-    orders.append((13 + 4 * np.repeat(k, 4) + np.tile(np.arange(4), len(pb))))
-    blob, kind, val, order = (np.concatenate(x) for x in (blobs, kinds, vals, orders))
-    sort = np.lexsort((order, blob))
-    blob, kind, val = blob[sort], kind[sort], val[sort]
-    width = np.where(kind == 0, varint_sizes(val), kind)
-    off = np.cumsum(width) - width
-    out = np.zeros(int(width.sum()), dtype=np.uint8)
-    m = kind == 1
-    out[off[m]] = val[m].astype(np.uint8)
-    m8 = np.flatnonzero(kind == 8)
-    if len(m8):
-        out[off[m8][:, None] + np.arange(8)] = \
-            val[m8].astype("<u8").view(np.uint8).reshape(-1, 8)
-    mv = np.flatnonzero(kind == 0)
-    if len(mv):
-        vv, wv = val[mv], width[mv]
-        k = np.arange(10)
-        groups = ((vv[:, None] >> (7 * k).astype(np.uint64)) & u64(0x7F)) | \
-            np.where(k < (wv - 1)[:, None], u64(0x80), u64(0))
-        live = k < wv[:, None]
-        out[(off[mv][:, None] + k)[live]] = groups[live].astype(np.uint8)
-    lens = np.bincount(blob, weights=width, minlength=nb).astype(np.int64)
-    return out, np.cumsum(lens) - lens, lens
+    lens = pstart + np.bincount(pb, weights=per_plane, minlength=nb).astype(np.int64)
+    starts = np.cumsum(lens) - lens
+    out = np.zeros(int(lens.sum()), dtype=np.uint8)
+    fixed = np.empty((nb, 10), dtype=np.uint8)
+    fixed[:, :4] = np.frombuffer(MAGIC, dtype=np.uint8)
+    fixed[:, 4], fixed[:, 5] = MAJOR, MINOR
+    fixed[:, 6], fixed[:, 7] = np.asarray(dtype_code), flags
+    fixed[:, 8], fixed[:, 9] = np.asarray(layout), nplanes
+    out[starts[:, None] + np.arange(10)] = fixed
+    eight = np.arange(8)
+    out[starts[:, None] + 10 + eight] = np.asarray(checksum, "<u8").view(np.uint8).reshape(-1, 8)
+    if delta.any():
+        base = np.asarray(base_checksum, "<u8")[delta]
+        out[starts[delta][:, None] + 18 + eight] = base.view(np.uint8).reshape(-1, 8)
+    _put_varints(out, starts + _FIXED.size + 8 * delta, raw_len, w_len)
+    at = starts[pb] + pstart[pb] + excl - np.append(excl, 0)[first][pb]
+    out[at] = np.asarray(plane_cid)
+    out[at + 1] = np.asarray(plane_major)
+    _put_varints(out, at + 2, praw, w_raw)
+    _put_varints(out, at + 2 + w_raw, penc, w_enc)
+    return out, starts, lens
+
+
+def _put_varints(out, at, values, widths) -> None:
+    """Write LEB128 varints of the given widths at the given offsets."""
+    np = _np()
+    if not len(at):
+        return
+    k = np.arange(int(widths.max()))
+    groups = ((values[:, None] >> (7 * k).astype(np.uint64)) & np.uint64(0x7F)) | \
+        np.where(k < (widths - 1)[:, None], np.uint64(0x80), np.uint64(0))
+    live = k < widths[:, None]
+    out[(at[:, None] + k)[live]] = groups[live].astype(np.uint8)
 
 
 class Headers:

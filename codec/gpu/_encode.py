@@ -270,9 +270,12 @@ class _Encode:
             seg.add(b.ptr(bt["dst"]) + bt["stride"] * k,
                     (cpos[g] + hs[g])[idx] + bt["excl"][k] - bt["excl"][c0[idx]], bt["comp"][k])
         seg.launch(b, keep)
-        self.dev_blobs = [b.view(self.out_dev, o, n)
-                          for o, n in zip(self.blob_off[:-1].tolist(), self.blob_len.tolist())]
         self.mark("assemble")
+
+    def dev_blobs(self) -> list:
+        """A device view of every blob (made when asked: each costs a few microseconds)."""
+        return [self.b.view(self.out_dev, o, n)
+                for o, n in zip(self.blob_off[:-1].tolist(), self.blob_len.tolist())]
 
     def self_check(self) -> None:
         """Decode what was written, on the device, and check it against the checksums: a
@@ -297,7 +300,7 @@ class _Encode:
         b, redo = self.b, self.redo
         if out == "device":
             b.synchronize()
-            blobs = list(self.dev_blobs)
+            blobs = self.dev_blobs()
             for i, blob in redo.items():
                 blobs[i] = b.empty(len(blob))
                 b.upload(blobs[i], 0, np.frombuffer(blob, dtype=np.uint8))
@@ -317,7 +320,8 @@ class _Encode:
 
 def _self_check(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep,
                 mark=lambda stage: None) -> np.ndarray:
-    """Which blobs decode (on this device) to bytes matching their checksum.
+    """Which blobs decode (on this device) to bytes matching their checksum (``blobs()``
+    gives their device views, for the blob-by-blob check).
 
     Each blob is read as the decoder reads it, from the header bytes it was given (the
     container headers, constant bytes and nvCOMP payload tables, parsed from the host copy
@@ -333,7 +337,7 @@ def _self_check(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep,
         scratch = restore_planes(b, cpl, src, keep, mark)
         mark("nvcomp")
     except CodecError:      # a header or chunk the decoder refuses: find its blob the long way
-        return np.array(_self_check_each(b, blobs, base_items), dtype=bool)
+        return np.array(_self_check_each(b, blobs(), base_items), dtype=bool)
     out, offs = merge_planes(b, cpl, scratch, base_ptr, keep)
     mark("merge")
     d_got = hash_buffers(b, b.ptr(out) + offs, cpl.raw_len, keep)
