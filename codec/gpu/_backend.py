@@ -41,56 +41,6 @@ def _round(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-class _PinnedForNvcomp:
-    """nvCOMP's pinned host allocations from CuPy's pinned pool (``set_pinned_allocator``).
-
-    By default nvCOMP calls cudaHostAlloc and cudaFreeHost for every batch: measured on the
-    H200, 4 ms of a 17 ms encode, and cudaFreeHost waits for the device. A buffer nvCOMP
-    lets go of goes back to the pool only once the stream it was used on has passed an
-    event recorded at that moment (copies into it may still be queued).
-    """
-
-    def __init__(self, cp) -> None:
-        self.cp = cp
-        self.lock = threading.Lock()
-        self.pending: list = []               # (event, memory) not yet safe to reuse
-
-    def __call__(self, nbytes: int, stream):
-        with self.lock:
-            self.pending = [(ev, mem) for ev, mem in self.pending if not ev.done]
-        return _Held(self, self.cp.cuda.alloc_pinned_memory(max(int(nbytes), 1)),
-                     getattr(stream, "ptr", 0) or 0)
-
-
-class _Held:
-    """One pinned buffer lent to nvCOMP (``ptr``); released when nvCOMP drops it."""
-
-    def __init__(self, owner: _PinnedForNvcomp, mem, stream_ptr: int) -> None:
-        self.owner, self.mem, self.stream_ptr = owner, mem, stream_ptr
-        self.ptr = mem.ptr
-
-    def __del__(self) -> None:
-        try:
-            ev = self.owner.cp.cuda.Event(disable_timing=True)
-            ev.record(self.owner.cp.cuda.ExternalStream(self.stream_ptr))
-            with self.owner.lock:
-                self.owner.pending.append((ev, self.mem))
-        except Exception:               # noqa: BLE001 - interpreter shutdown
-            pass
-
-
-_pinned_hook: list = []
-
-
-def _use_pinned_pool(cp, nv) -> None:
-    """Route nvCOMP's pinned allocations through CuPy's pool (once per process)."""
-    if _pinned_hook or not hasattr(nv, "set_pinned_allocator"):
-        return
-    hook = _PinnedForNvcomp(cp)
-    nv.set_pinned_allocator(hook)
-    _pinned_hook.append(hook)
-
-
 class CudaBackend:
     """CuPy buffers and kernels, nvCOMP batches, all on one CUDA stream."""
 
@@ -111,7 +61,6 @@ class CudaBackend:
         self._configs: dict[tuple, object] = {}        # decompression configs, recent last
         v = nvcomp.__version__.split(".")
         self.nvcomp_version = tuple(int(x) for x in (v + ["0", "0"])[:3])
-        _use_pinned_pool(cupy, nvcomp)
         self._lent: list = []       # pinned copies of small uploads, until the next sync
 
     # ---- memory
