@@ -13,6 +13,7 @@ run() {   # run SECONDS CMD...: one step, its output and exit status into the lo
     echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
 }
 source .offline-kit/setup.sh >>"$LOG" 2>&1
+rm -rf /tmp/s4                               # a warm machine keeps the last install
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
 export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
 cd /tmp                                    # keep the source tree off sys.path
