@@ -43,7 +43,7 @@ class IngestConfig:
     # On the GPU, chunks are coded in batches of about gpu_batch_bytes by one worker on
     # the process's GPU thread (s4fs.gpu_worker); the API keeps the CPU unless asked.
     device: str = "cpu"
-    gpu_batch_bytes: int = 256 << 20
+    gpu_batch_bytes: int = 64 << 20
     # the GPU profile's name (s4fs.codec.gpu.PROFILES): "default" codes planes with nvCOMP
     # ANS (a GPU decodes them); "portable" writes blobs any CPU decodes
     gpu_profile: str = "default"
