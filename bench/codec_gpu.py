@@ -275,8 +275,10 @@ def run(args=None) -> None:
     data, source = _data(args, weights)
     chunk_bytes = int(args.chunk * MiB)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    print(f"# GPU codec: {props['name'].decode()}, nvCOMP {'.'.join(map(str, gpu.nvcomp_version()))}, "
-          f"CuPy {cupy.__version__}, torch {torch.__version__}")
+    from s4fs.codec.gpu._backend import cuda_backend
+    api = "C API" if cuda_backend()._ans_c() is not None else "Python API"
+    print(f"# GPU codec: {props['name'].decode()}, nvCOMP {'.'.join(map(str, gpu.nvcomp_version()))} "
+          f"(ANS through its {api}), CuPy {cupy.__version__}, torch {torch.__version__}")
     print(f"# data: {source}, tiled to {args.size:g} GiB per set on the device, "
           f"{args.chunk:g} MiB chunks; GB/s = 1e9 bytes of raw input per second, best of "
           f"{args.repeat}\n")

@@ -10,6 +10,8 @@ blobs record nvCOMP version 255.0.0, so a real GPU refuses their ANS planes.
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import threading
 import zlib
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ import numpy as np
 from s4fs.errors import CodecUnavailableError, FormatError
 
 from . import _kernels
+
+log = logging.getLogger("s4fs.codec.gpu")
 
 ALGORITHMS = {"ans": "ANS", "gdeflate": "GDeflate", "deflate": "Deflate"}
 SMALL_UPLOAD = 1 << 20  # pageable uploads up to this size are copied to pinned memory first
@@ -59,6 +63,7 @@ class CudaBackend:
         self._codecs: dict[CodecSpec, object] = {}
         self._bounds: dict[tuple[CodecSpec, int], int] = {}
         self._configs: dict[tuple, object] = {}        # decompression configs, recent last
+        self._capi = None                              # nvCOMP's C API: untried
         v = nvcomp.__version__.split(".")
         self.nvcomp_version = tuple(int(x) for x in (v + ["0", "0"])[:3])
         self._lent: list = []       # pinned copies of small uploads, until the next sync
@@ -165,14 +170,98 @@ class CudaBackend:
         if key not in self._bounds:
             probe = self.empty(spec.chunk)
             arr = self.nv.as_array(probe, self.stream.ptr)
-            self._bounds[key] = int(self._codec(spec).get_max_comp_buffer_size(arr))
+            bound = int(self._codec(spec).get_max_comp_buffer_size(arr))
+            c = self._ans_c() if spec.name == "ans" else None
+            if c is not None:
+                bound = max(bound, c.max_output(spec.chunk))
+            self._bounds[key] = bound
         return self._bounds[key]
+
+    def _ans_c(self):
+        """nvCOMP ANS through the C API (``_nvcomp_c``) once it has shown, on this machine,
+        that it writes and reads the Python API's bitstream; None: use the Python API
+        (``S4FS_NVCOMP_CAPI=0`` forces that)."""
+        if self._capi is None:
+            self._capi = False
+            if os.environ.get("S4FS_NVCOMP_CAPI", "1") != "0" and self.nvcomp_version[0] == 6:
+                try:
+                    from ._nvcomp_c import AnsC
+                    c = AnsC()
+                    if self._capi_agrees(c):
+                        self._capi = c
+                    else:
+                        log.warning("nvCOMP's C API and Python API disagree on ANS here; "
+                                    "using the Python API")
+                except Exception as exc:        # noqa: BLE001 - the Python API still works
+                    log.warning("nvCOMP's C API is not usable (%s: %s); using the Python API",
+                                type(exc).__name__, exc)
+        return self._capi or None
+
+    def _capi_agrees(self, c) -> bool:
+        """Code a sample with each API and decode it with the other: the same bytes back."""
+        spec = CodecSpec("ans", 0, 1 << 16)
+        rng = np.random.default_rng(5)
+        parts = [np.minimum(rng.geometric(0.05, 1 << 16), 255).astype(np.uint8),
+                 np.full(1 << 16, 7, dtype=np.uint8),
+                 rng.integers(0, 256, 1000, dtype=np.uint8)]
+        sizes = [len(x) for x in parts]
+        offs = [0, 1 << 16, 2 << 16]
+        src = self.empty(3 << 16)
+        self.upload(src, 0, np.concatenate(parts))
+        self._bounds.pop((spec, spec.chunk), None)
+        probe = self.nv.as_array(self.empty(spec.chunk), self.stream.ptr)
+        stride = round_up(max(int(self._codec(spec).get_max_comp_buffer_size(probe)),
+                              c.max_output(spec.chunk)), 256)
+        for enc_c in (False, True):
+            dst = self.empty(3 * stride)
+            dst_off = [0, stride, 2 * stride]
+            if enc_c:
+                comp = c.compress(self, self.ptr(src) + np.asarray(offs), sizes,
+                                  self.ptr(dst) + np.asarray(dst_off), spec.chunk)
+            else:
+                comp = self._encode_py(spec, src, offs, sizes, dst, dst_off, stride)
+            out = self.zeros(3 << 16)
+            if enc_c:
+                self._decode_py(spec, dst, dst_off, comp.tolist(), out, offs, sizes)
+            elif not c.decompress(self, self.ptr(dst) + np.asarray(dst_off), comp,
+                                  self.ptr(out) + np.asarray(offs), sizes, spec.chunk):
+                return False
+            got = np.empty(3 << 16, dtype=np.uint8)
+            self.download(out, 0, got)
+            self.synchronize()
+            if not all(np.array_equal(got[o: o + len(x)], x) for o, x in zip(offs, parts)):
+                return False
+        return True
 
     def decompress_alignment(self, spec: CodecSpec) -> int:
         return max(16, int(self._codec(spec).get_required_decompression_alignment()))
 
-    def encode(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
-               dst, dst_off: list[int], cap: int) -> np.ndarray:
+    def encode(self, spec: CodecSpec, src, src_off, sizes, dst, dst_off, cap: int) -> np.ndarray:
+        """Compress chunks of ``src`` (offsets, sizes) into ``dst`` (offsets, ``cap`` bytes
+        each); returns the compressed sizes."""
+        c = self._ans_c() if spec.name == "ans" else None
+        if c is not None and len(sizes):
+            return c.compress(self, self.ptr(src) + np.asarray(src_off, dtype=np.int64),
+                              sizes, self.ptr(dst) + np.asarray(dst_off, dtype=np.int64),
+                              spec.chunk)
+        return self._encode_py(spec, src, list(src_off), list(sizes), dst, list(dst_off), cap)
+
+    def decode(self, spec: CodecSpec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
+        """Decompress chunks of ``src`` into ``dst``; FormatError when one does not decode
+        to exactly its size."""
+        c = self._ans_c() if spec.name == "ans" else None
+        if c is not None and len(src_sizes):
+            ok = c.decompress(self, self.ptr(src) + np.asarray(src_off, dtype=np.int64),
+                              src_sizes, self.ptr(dst) + np.asarray(dst_off, dtype=np.int64),
+                              dst_sizes, spec.chunk)
+            if not ok:
+                raise FormatError("nvCOMP ANS could not decode a chunk (corrupt data?)")
+            return
+        self._decode_py(spec, src, list(src_off), list(src_sizes), dst, list(dst_off),
+                        list(dst_sizes))
+
+    def _encode_py(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
+                   dst, dst_off: list[int], cap: int) -> np.ndarray:
         nv = self.nv
         codec = self._codec(spec)
         ins = nv.as_arrays(src, src_off, sizes, self.stream.ptr)
@@ -180,8 +269,8 @@ class CudaBackend:
         res = codec.encode(ins, out=outs)
         return np.asarray(res.buffer_sizes, dtype=np.int64)
 
-    def decode(self, spec: CodecSpec, src, src_off: list[int], src_sizes: list[int],
-               dst, dst_off: list[int], dst_sizes: list[int]) -> None:
+    def _decode_py(self, spec: CodecSpec, src, src_off: list[int], src_sizes: list[int],
+                   dst, dst_off: list[int], dst_sizes: list[int]) -> None:
         nv = self.nv
         codec = self._codec(spec)
         ins = nv.as_arrays(src, src_off, src_sizes, self.stream.ptr)
