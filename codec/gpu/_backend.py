@@ -244,7 +244,8 @@ class CudaBackend:
             return c.compress(self, self.ptr(src) + np.asarray(src_off, dtype=np.int64),
                               sizes, self.ptr(dst) + np.asarray(dst_off, dtype=np.int64),
                               spec.chunk)
-        return self._encode_py(spec, src, list(src_off), list(sizes), dst, list(dst_off), cap)
+        ints = lambda x: np.asarray(x, dtype=np.int64).tolist()   # noqa: E731
+        return self._encode_py(spec, src, ints(src_off), ints(sizes), dst, ints(dst_off), cap)
 
     def decode(self, spec: CodecSpec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
         """Decompress chunks of ``src`` into ``dst``; FormatError when one does not decode
@@ -257,8 +258,9 @@ class CudaBackend:
             if not ok:
                 raise FormatError("nvCOMP ANS could not decode a chunk (corrupt data?)")
             return
-        self._decode_py(spec, src, list(src_off), list(src_sizes), dst, list(dst_off),
-                        list(dst_sizes))
+        ints = lambda x: np.asarray(x, dtype=np.int64).tolist()   # noqa: E731
+        self._decode_py(spec, src, ints(src_off), ints(src_sizes), dst, ints(dst_off),
+                        ints(dst_sizes))
 
     def _encode_py(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
                    dst, dst_off: list[int], cap: int) -> np.ndarray:

@@ -490,7 +490,7 @@ def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: Non
         gs = Segments()
         gs.add(srcp, b.ptr(cin) + coff, csize)
         gs.launch(b, keep)
-        b.decode(spec, cin, coff.tolist(), csize.tolist(), scratch, dst.tolist(), rsize.tolist())
+        b.decode(spec, cin, coff, csize, scratch, dst, rsize)
     if coded.any():
         # nvCOMP queues its work on our stream; waiting here also keeps its batch
         # descriptors (freed when the call's Python objects go) from outliving the kernels

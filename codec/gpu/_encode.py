@@ -195,9 +195,9 @@ class _Encode:
             stride = round_up(b.max_compressed(spec), ALIGN)
             dst = b.empty(stride * len(idx))
             self.keep.append(dst)
-            comp = b.encode(spec, self.scratch, (offs[idx] + within).tolist(),
-                            np.minimum(spec.chunk, raws[idx] - within).tolist(),
-                            dst, (stride * np.arange(len(idx))).tolist(), stride)
+            comp = b.encode(spec, self.scratch, offs[idx] + within,
+                            np.minimum(spec.chunk, raws[idx] - within),
+                            dst, stride * np.arange(len(idx)), stride)
             comp = np.asarray(comp, dtype=np.int64)
             batches[s] = {"dst": dst, "stride": stride, "comp": comp,
                           "excl": np.cumsum(comp) - comp}
