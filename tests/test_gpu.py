@@ -651,3 +651,40 @@ def test_emulated_decoder_reads_gpu_blobs_in_one_batch(emu, monkeypatch):
     cpu = compress(data, "float32", device="cpu")             # zstd planes: host-decoded
     with pytest.raises(AssertionError, match="blob by blob"):
         _decode.decompress_many([cpu], backend=emu)
+
+
+def test_nvcomp_c_options_match_the_header():
+    """The ctypes option structs are nvCOMP 6's layout: 64 bytes, fields where ans.h puts
+    them (passed by value, a wrong layout would pass garbage options)."""
+    import ctypes
+    from s4fs.codec.gpu import _nvcomp_c as N
+    for cls, names in ((N.CompressOpts, ["type", "data_type", "max_sub_chunk_count",
+                                         "states_per_lane", "histogram_reduction_log2"]),
+                       (N.DecompressOpts, ["backend", "data_type", "max_sub_chunk_count",
+                                           "states_per_lane", "skip_validate"])):
+        assert ctypes.sizeof(cls) == 64
+        assert [getattr(cls, n).offset for n in names] == [0, 4, 8, 9, 10]
+        assert cls.reserved.offset == 11 and cls.reserved.size == 53
+
+
+@gpu
+def test_gpu_ans_c_api_and_python_api_read_each_other(monkeypatch):
+    """ANS goes through nvCOMP's C API where nvCOMP 6 is installed (a silent fallback to
+    the slower Python API would show here), and blobs written either way decode the
+    other way."""
+    from s4fs.codec import gpu as G
+    from s4fs.codec.gpu import _backend
+    b = _backend.cuda_backend()
+    if b.nvcomp_version[0] == 6:
+        assert b._ans_c() is not None
+    rng = np.random.default_rng(11)
+    datas = [(rng.standard_normal(300_000) * 0.02).astype(np.float32).tobytes() for _ in range(3)]
+    via_c = G.compress_many([(d, "float32") for d in datas])
+    monkeypatch.setenv("S4FS_NVCOMP_CAPI", "0")
+    py = _backend.CudaBackend()
+    assert py._ans_c() is None
+    from s4fs.codec.gpu import _decode, _encode
+    via_py = _encode.compress_many([(d, "float32") for d in datas], backend=py)
+    assert _decode.decompress_many(via_c, backend=py) == datas
+    monkeypatch.delenv("S4FS_NVCOMP_CAPI")
+    assert G.decompress_many(via_py) == datas

@@ -437,8 +437,8 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version) -> _Lay
         np.bincount(pl.job, weights=enc, minlength=nj).astype(np.int64)
     one = np.arange(nj)
     flat_len = C.header_sizes(delta, pl.raw_len, one, pl.raw_len, pl.raw_len) + pl.raw_len
-    flat = (planar >= flat_len) | ((pl.layout == _planes.FLAT) & (kind[pl.p0] == RAW)
-                                   if npl else True)
+    first_raw = np.append(kind, RAW)[pl.p0] == RAW          # (a chunk without planes: raw)
+    flat = (planar >= flat_len) | ((pl.layout == _planes.FLAT) & first_raw)
     fallback = np.flatnonzero(flat & delta & (pl.layout != _planes.FLAT))
     # the planes the headers list: a planar blob's own, one raw plane for a flat one
     keep = ~flat[pl.job]
