@@ -20,13 +20,12 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
 import xxhash
 
-from s4fs.codec import (ChecksumError, CodecError, CodecUnavailableError, FormatError,
+from s4fs.codec import (CodecError, CodecUnavailableError, FormatError,
                         compress, decompress, gpu_available, inspect)
 from s4fs.codec import _container as C
 from s4fs.codec import _plane_codecs as P
