@@ -170,14 +170,17 @@ def _np():
     return np
 
 
+_VARINT_STEPS = None          # 2**7, 2**14, ... as uint64 (made on first use)
+
+
 def varint_sizes(values):
     """Bytes of the LEB128 varint of every value (an integer array)."""
+    global _VARINT_STEPS
     np = _np()
+    if _VARINT_STEPS is None:
+        _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
     v = np.asarray(values, dtype=np.uint64)
-    n = np.ones(v.shape, dtype=np.int64)
-    for k in range(1, 10):
-        n += v >= np.uint64(1 << (7 * k))
-    return n
+    return np.searchsorted(_VARINT_STEPS, v, side="right").astype(np.int64) + 1
 
 
 def header_sizes(delta, raw_len, plane_blob, plane_raw, plane_enc):
