@@ -3,9 +3,10 @@
 The stages of one ``decompress_many`` call (methods of ``_Decode``, named as in the
 benchmark's stage table):
 
-* headers — every container header (``codec._container`` parses it) and nvCOMP payload
-  table, checked (blobs on the device: two small reads); planes of CPU codecs (zstd)
-  and layouts without a kernel decoded on the host;
+* headers — every container header (``codec._container.unpack_many`` parses the whole
+  batch) and nvCOMP payload table, checked (blobs on the device: two small reads); a
+  batch with planes of CPU codecs (zstd), layouts without a kernel, or a header the batch
+  reader refuses goes blob by blob (``unpack``), those planes decoded on the host;
 * stage in — host blobs, host-decoded planes and host bases up in one overlapped copy;
 * raw planes / nvcomp — ``restore_planes``: raw planes copied and constant planes filled
   in one launch each, every nvCOMP chunk gathered to aligned addresses and decoded in
