@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -687,3 +688,50 @@ def test_gpu_ans_c_api_and_python_api_read_each_other(monkeypatch):
     assert _decode.decompress_many(via_c, backend=py) == datas
     monkeypatch.delenv("S4FS_NVCOMP_CAPI")
     assert G.decompress_many(via_py) == datas
+
+
+def test_emulated_batch_decode_refuses_every_damaged_blob(emu):
+    _damaged_batches(emu)
+
+
+@gpu
+def test_gpu_batch_decode_refuses_every_damaged_blob():
+    from s4fs.codec.gpu._backend import cuda_backend
+    _damaged_batches(cuda_backend())
+
+
+def _damaged_batches(backend):
+    """One byte flipped anywhere in one blob of a batch (header, payload table, constant,
+    chunk bytes), or a blob cut short or extended: the batch decode raises a CodecError,
+    or (a flip the codec does not read, such as a deflate stream's final-block bit) gives
+    back exactly the original bytes, checked — never other bytes."""
+    from s4fs.codec.gpu import _decode, _encode
+    rng = np.random.default_rng(12)
+    datas = [(rng.standard_normal(20_000) * 0.02).astype(np.float32).tobytes(),
+             (rng.standard_normal(30_000) * 0.02).astype(np.float16).tobytes(),
+             bytes(4096), rng.bytes(3000)]
+    dts = ["float32", "float16", "bfloat16", "uint8"]
+    blobs = _encode.compress_many(list(zip(datas, dts)), backend=backend)
+    assert _decode.decompress_many(blobs, backend=backend) == datas
+    pick = random.Random(12)
+    refused = 0
+    for trial in range(150):
+        k = pick.randrange(len(blobs))
+        bad = bytearray(blobs[k])
+        kind = trial % 5
+        if kind < 3:
+            at = pick.randrange(min(len(bad), 96)) if kind == 0 else pick.randrange(len(bad))
+            bad[at] ^= 1 << pick.randrange(8)
+        elif kind == 3:
+            bad = bad[: pick.randrange(len(bad))]
+        else:
+            bad += bytes(pick.randrange(1, 9))
+        batch = list(blobs)
+        batch[k] = bytes(bad)
+        try:
+            got = _decode.decompress_many(batch, backend=backend)
+        except CodecError:
+            refused += 1
+            continue
+        assert got == datas, (trial, k, kind)
+    assert refused >= 140
