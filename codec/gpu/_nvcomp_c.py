@@ -70,7 +70,6 @@ class AnsC:
             getattr(lib, fn).restype = ctypes.c_int
         self.copts = CompressOpts(0, NVCOMP_TYPE_UCHAR, 0, 0, 0)
         self.dopts = DecompressOpts(0, NVCOMP_TYPE_BITS, 0, 0, 0)
-        self._temp: dict = {}
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -84,62 +83,54 @@ class AnsC:
         return out.value
 
     def _temp_bytes(self, kind: str, n: int, chunk: int, total: int, stream: int) -> int:
-        key = (kind, n, chunk, total)
-        if key not in self._temp:
-            out = ctypes.c_size_t()
-            if kind == "c":
-                st = self.lib.nvcompBatchedANSCompressGetTempSize(
-                    n, chunk, self.copts, ctypes.byref(out), total, stream)
-            else:
-                st = self.lib.nvcompBatchedANSDecompressGetTempSize(
-                    n, chunk, self.dopts, ctypes.byref(out), total, stream)
-            self._check(st, "GetTempSize")
-            if len(self._temp) > 64:
-                self._temp.clear()
-            self._temp[key] = out.value
-        return self._temp[key]
+        out = ctypes.c_size_t()
+        if kind == "compress":
+            st = self.lib.nvcompBatchedANSCompressGetTempSize(
+                n, chunk, self.copts, ctypes.byref(out), total, stream)
+        else:
+            st = self.lib.nvcompBatchedANSDecompressGetTempSize(
+                n, chunk, self.dopts, ctypes.byref(out), total, stream)
+        self._check(st, "GetTempSize")
+        return out.value
+
+    def _run(self, b, kind: str, columns: list, chunk: int, total: int, call):
+        """One batched call: the u64 ``columns`` (pointers, sizes) go up as one table
+        followed by room for a size and a status per chunk; ``call(table, temp, temp
+        bytes)`` launches; returns the sizes and statuses nvCOMP wrote (one wait)."""
+        n = len(columns[0])
+        table = np.concatenate([np.asarray(c, dtype=np.uint64) for c in columns])
+        dev = b.empty(8 * len(table) + 12 * n)
+        b.upload(dev, 0, table.view(np.uint8))
+        temp_n = self._temp_bytes(kind, n, chunk, total, b.stream.ptr)
+        temp = b.empty(max(temp_n, 1))
+        self._check(call(b.ptr(dev), b.ptr(temp), temp_n), f"ANS {kind}")
+        out = np.empty(12 * n, dtype=np.uint8)
+        b.download(dev, 8 * len(table), out)
+        b.synchronize()
+        return out[: 8 * n].view(np.uint64), out[8 * n:].view(np.int32)
 
     def compress(self, b, src_ptrs, sizes, dst_ptrs, chunk: int) -> np.ndarray:
         """Compress chunks (device pointers and sizes) into ``dst_ptrs``; returns the
-        compressed sizes (one download and wait)."""
+        compressed sizes."""
         n = len(sizes)
         sizes = np.asarray(sizes, dtype=np.uint64)
-        table = np.concatenate([np.asarray(src_ptrs, np.uint64), sizes,
-                                np.asarray(dst_ptrs, np.uint64)])
-        dev = b.empty(8 * (4 * n) + 4 * n)               # table, out sizes, statuses
-        b.upload(dev, 0, table.view(np.uint8))
-        base = b.ptr(dev)
-        temp_n = self._temp_bytes("c", n, chunk, int(sizes.sum()), b.stream.ptr)
-        temp = b.empty(max(temp_n, 1))
-        self._check(self.lib.nvcompBatchedANSCompressAsync(
-            base, base + 8 * n, chunk, n, b.ptr(temp), temp_n, base + 16 * n, base + 24 * n,
-            self.copts, base + 32 * n, b.stream.ptr), "ANS compress")
-        out = np.empty(8 * n + 4 * n, dtype=np.uint8)
-        b.download(dev, 32 * n - 8 * n, out)          # out sizes, then statuses
-        b.synchronize()
-        status = out[8 * n:].view(np.int32)
+        out, status = self._run(
+            b, "compress", [src_ptrs, sizes, dst_ptrs], chunk, int(sizes.sum()),
+            lambda t, temp, temp_n: self.lib.nvcompBatchedANSCompressAsync(
+                t, t + 8 * n, chunk, n, temp, temp_n, t + 16 * n, t + 24 * n, self.copts,
+                t + 32 * n, b.stream.ptr))
         if np.any(status != SUCCESS):
             raise RuntimeError(f"nvCOMP ANS compress: chunk status {int(status[status != 0][0])}")
-        return out[: 8 * n].view(np.uint64).astype(np.int64)
+        return out.astype(np.int64)
 
     def decompress(self, b, src_ptrs, src_sizes, dst_ptrs, dst_sizes, chunk: int) -> bool:
-        """Decompress chunks; True when every chunk decoded to exactly its expected size
-        (one download and wait)."""
+        """Decompress chunks; True when every chunk decoded to exactly its expected size."""
         n = len(src_sizes)
         dst_sizes = np.asarray(dst_sizes, dtype=np.uint64)
-        table = np.concatenate([np.asarray(src_ptrs, np.uint64),
-                                np.asarray(src_sizes, np.uint64), dst_sizes,
-                                np.asarray(dst_ptrs, np.uint64)])
-        dev = b.empty(8 * (5 * n) + 4 * n)      # table, actual sizes, statuses
-        b.upload(dev, 0, table.view(np.uint8))
-        base = b.ptr(dev)
-        temp_n = self._temp_bytes("d", n, chunk, int(dst_sizes.sum()), b.stream.ptr)
-        temp = b.empty(max(temp_n, 1))
-        self._check(self.lib.nvcompBatchedANSDecompressAsync(
-            base, base + 8 * n, base + 16 * n, base + 32 * n, n, b.ptr(temp), temp_n,
-            base + 24 * n, self.dopts, base + 40 * n, b.stream.ptr), "ANS decompress")
-        out = np.empty(8 * n + 4 * n, dtype=np.uint8)
-        b.download(dev, 32 * n, out)
-        b.synchronize()
-        got = out[: 8 * n].view(np.uint64)
-        return bool(np.all(out[8 * n:].view(np.int32) == SUCCESS) and np.all(got == dst_sizes))
+        got, status = self._run(
+            b, "decompress", [src_ptrs, src_sizes, dst_sizes, dst_ptrs], chunk,
+            int(dst_sizes.sum()),
+            lambda t, temp, temp_n: self.lib.nvcompBatchedANSDecompressAsync(
+                t, t + 8 * n, t + 16 * n, t + 32 * n, n, temp, temp_n, t + 24 * n,
+                self.dopts, t + 40 * n, b.stream.ptr))
+        return bool(np.all(status == SUCCESS) and np.all(got == dst_sizes))
