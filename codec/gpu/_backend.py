@@ -168,14 +168,17 @@ class CudaBackend:
     def max_compressed(self, spec: CodecSpec) -> int:
         key = (spec, spec.chunk)
         if key not in self._bounds:
-            probe = self.empty(spec.chunk)
-            arr = self.nv.as_array(probe, self.stream.ptr)
-            bound = int(self._codec(spec).get_max_comp_buffer_size(arr))
+            bound = self._py_bound(spec)
             c = self._ans_c() if spec.name == "ans" else None
             if c is not None:
                 bound = max(bound, c.max_output(spec.chunk))
             self._bounds[key] = bound
         return self._bounds[key]
+
+    def _py_bound(self, spec: CodecSpec) -> int:
+        """The Python API's largest compressed chunk for ``spec``."""
+        probe = self.nv.as_array(self.empty(spec.chunk), self.stream.ptr)
+        return int(self._codec(spec).get_max_comp_buffer_size(probe))
 
     def _ans_c(self):
         """nvCOMP ANS through the C API (``_nvcomp_c``) once it has shown, on this machine,
@@ -208,10 +211,7 @@ class CudaBackend:
         offs = [0, 1 << 16, 2 << 16]
         src = self.empty(3 << 16)
         self.upload(src, 0, np.concatenate(parts))
-        self._bounds.pop((spec, spec.chunk), None)
-        probe = self.nv.as_array(self.empty(spec.chunk), self.stream.ptr)
-        stride = round_up(max(int(self._codec(spec).get_max_comp_buffer_size(probe)),
-                              c.max_output(spec.chunk)), 256)
+        stride = round_up(max(self._py_bound(spec), c.max_output(spec.chunk)), 256)
         for enc_c in (False, True):
             dst = self.empty(3 * stride)
             dst_off = [0, stride, 2 * stride]
@@ -244,8 +244,8 @@ class CudaBackend:
             return c.compress(self, self.ptr(src) + np.asarray(src_off, dtype=np.int64),
                               sizes, self.ptr(dst) + np.asarray(dst_off, dtype=np.int64),
                               spec.chunk)
-        ints = lambda x: np.asarray(x, dtype=np.int64).tolist()   # noqa: E731
-        return self._encode_py(spec, src, ints(src_off), ints(sizes), dst, ints(dst_off), cap)
+        return self._encode_py(spec, src, _ints(src_off), _ints(sizes), dst, _ints(dst_off),
+                               cap)
 
     def decode(self, spec: CodecSpec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
         """Decompress chunks of ``src`` into ``dst``; FormatError when one does not decode
@@ -258,9 +258,8 @@ class CudaBackend:
             if not ok:
                 raise FormatError("nvCOMP ANS could not decode a chunk (corrupt data?)")
             return
-        ints = lambda x: np.asarray(x, dtype=np.int64).tolist()   # noqa: E731
-        self._decode_py(spec, src, ints(src_off), ints(src_sizes), dst, ints(dst_off),
-                        ints(dst_sizes))
+        self._decode_py(spec, src, _ints(src_off), _ints(src_sizes), dst, _ints(dst_off),
+                        _ints(dst_sizes))
 
     def _encode_py(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
                    dst, dst_off: list[int], cap: int) -> np.ndarray:
@@ -291,6 +290,11 @@ class CudaBackend:
         except (RuntimeError, ValueError) as exc:
             raise FormatError(f"nvCOMP {ALGORITHMS[spec.name]} could not decode a chunk "
                               f"(corrupt data?): {exc}") from None
+
+
+def _ints(x) -> list[int]:
+    """Python ints, as nvCOMP's Python API takes offsets and sizes."""
+    return np.asarray(x, dtype=np.int64).tolist()
 
 
 class EmulatedBackend:
