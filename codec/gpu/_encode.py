@@ -20,6 +20,7 @@ benchmark's stage table):
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -122,10 +123,9 @@ class _Encode:
         """Planes into one scratch buffer (XOR-ing bases on the fly), constant flags, the
         first byte of every plane and byte histograms of the codable ones."""
         b, keep, profile = self.b, self.keep, self.profile
-        layouts: dict = {}
-        lay = [layouts.get(dt) if dt in layouts else layouts.setdefault(dt, gpu_layout(dt, profile))
-               for dt in self.dts]
-        self.pl = pl = Plan(self.dts, lay, [d.nbytes for d in self.datas], profile)
+        layout = {dt: gpu_layout(dt, profile) for dt in set(self.dts)}
+        self.pl = pl = Plan(self.dts, [layout[dt] for dt in self.dts],
+                            [d.nbytes for d in self.datas], profile)
         total = pl.place()
         self.nplanes = pl.nplanes
         self.scratch = b.empty(total)
@@ -407,21 +407,17 @@ def _cpu_blob(data, dt: DType, base) -> bytes:
 RAW, CONST, CODED = 0, 1, 2      # a plane's final coding
 
 
-class _Layout:
-    """What ``_decide`` chose, as columns: per blob ``flat`` (stored as one raw plane),
-    ``hstart`` / ``hlen`` (its header in ``meta``), ``blob_len``; per plane of the plan
-    ``kind``, ``enc``, ``pos`` (offset after the header), ``tsize`` (payload table
-    bytes), ``extra`` (where its constant byte or payload table is in ``meta``)."""
-
-    def __init__(self, **cols) -> None:
-        self.__dict__.update(cols)
-
-
-def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version) -> _Layout:
+def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
     """Pick each plane's coding and write every header into one metadata buffer:
     container headers (``codec._container``), then constant bytes, then nvCOMP payload
     tables. A blob is stored as one raw plane, as ``_cpu.pack_chunk`` does, when coding
-    does not pay; its delta needs the XOR then (``fallback``)."""
+    does not pay; its delta needs the XOR then (``fallback``).
+
+    Returns columns: per blob ``flat`` (one raw plane), ``delta``, ``hstart`` / ``hlen``
+    (its header in ``meta``), ``blob_len``; per plane of the plan ``kind``, ``pos``
+    (offset after the header), ``tsize`` (payload table bytes), ``extra`` (where its
+    constant byte or payload table is in ``meta``); ``hextra``: ``extra`` per plane the
+    headers list, in their order."""
     nj, npl = len(pl), pl.nplanes
     flag = h_flags[:npl]
     const = (pl.raw >= 2) & (pl.role != TAIL) & (flag == 0)
@@ -460,10 +456,12 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version) -> _Lay
     extra[cq] = len(heads) + np.arange(len(cq))
     tq = np.flatnonzero(coded & keep)
     counts = pl.nch[tq]
-    gbase = {s: sum(len(batches[t]["comp"]) for t in sorted(batches) if t < s) for s in batches}
-    allcomp = np.concatenate([batches[s]["comp"] for s in sorted(batches)]) if batches else \
-        np.zeros(0, dtype=np.int64)
-    c0 = np.array([gbase[s] for s in pl.spec[tq].tolist()], dtype=np.int64) + pl.chunk0[tq]
+    comps = [batches[s]["comp"] for s in sorted(batches)]       # every chunk's size, in one
+    allcomp = np.concatenate(comps) if comps else np.zeros(0, dtype=np.int64)
+    lens = np.array([len(c) for c in comps], dtype=np.int64)
+    gbase = np.zeros(max(batches, default=-1) + 2, dtype=np.int64)
+    gbase[sorted(batches)] = np.cumsum(lens) - lens
+    c0 = gbase[pl.spec[tq]] + pl.chunk0[tq]
     first = np.cumsum(counts) - counts
     sizes = allcomp[np.repeat(c0 - first, counts) + np.arange(int(counts.sum()))]
     chunk = np.array([s.chunk for s in pl.specs] + [0], dtype=np.int64)[pl.spec[tq]]
@@ -474,7 +472,7 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version) -> _Lay
     meta = np.concatenate([heads, h_first[cq].astype(np.uint8), tables])
     ex = np.cumsum(enc * keep) - enc * keep
     pos = ex - np.append(ex, 0)[pl.p0][pl.job]
-    return _Layout(flat=flat, hstart=hstart, hlen=hlen,
-                   blob_len=np.where(flat, flat_len, planar), kind=kind, enc=enc, pos=pos,
-                   tsize=tsize, extra=extra, hextra=hextra, meta=meta, fallback=fallback,
-                   delta=np.asarray(delta, dtype=bool))
+    return SimpleNamespace(flat=flat, hstart=hstart, hlen=hlen,
+                           blob_len=np.where(flat, flat_len, planar), kind=kind, pos=pos,
+                           tsize=tsize, extra=extra, hextra=hextra, meta=meta,
+                           fallback=fallback, delta=np.asarray(delta, dtype=bool))
