@@ -20,6 +20,11 @@ class DType:
     mbits: int = 0            # mantissa bits of a float word
     signed_float: bool = True
 
+    def __hash__(self) -> int:
+        # codes are unique; hashing every field made dicts keyed by dtype cost
+        # microseconds per lookup, and the GPU codec looks one up per chunk
+        return hash(self.code)
+
     @property
     def is_float(self) -> bool:
         return self.ebits > 0 and self.signed_float

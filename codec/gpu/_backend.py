@@ -247,19 +247,27 @@ class CudaBackend:
         return self._encode_py(spec, src, _ints(src_off), _ints(sizes), dst, _ints(dst_off),
                                cap)
 
-    def decode(self, spec: CodecSpec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
+    def decode(self, spec: CodecSpec, src, src_off, src_sizes, dst, dst_off, dst_sizes,
+               later: list | None = None) -> None:
         """Decompress chunks of ``src`` into ``dst``; FormatError when one does not decode
-        to exactly its size."""
+        to exactly its size. With a ``later`` list, the check may be left there to run
+        after the next ``synchronize`` (``settle``), so the host does not wait now."""
         c = self._ans_c() if spec.name == "ans" else None
         if c is not None and len(src_sizes):
             ok = c.decompress(self, self.ptr(src) + np.asarray(src_off, dtype=np.int64),
                               src_sizes, self.ptr(dst) + np.asarray(dst_off, dtype=np.int64),
-                              dst_sizes, spec.chunk)
-            if not ok:
-                raise FormatError("nvCOMP ANS could not decode a chunk (corrupt data?)")
+                              dst_sizes, spec.chunk, wait=later is None)
+            if later is not None:
+                later.append(ok)
+            elif not ok:
+                raise FormatError(ANS_FAILED)
             return
         self._decode_py(spec, src, _ints(src_off), _ints(src_sizes), dst, _ints(dst_off),
                         _ints(dst_sizes))
+        if later is not None:
+            # nvCOMP's Python objects for the batch go when this returns: let the kernels
+            # that use them finish first
+            self.synchronize()
 
     def _encode_py(self, spec: CodecSpec, src, src_off: list[int], sizes: list[int],
                    dst, dst_off: list[int], cap: int) -> np.ndarray:
@@ -290,6 +298,20 @@ class CudaBackend:
         except (RuntimeError, ValueError) as exc:
             raise FormatError(f"nvCOMP {ALGORITHMS[spec.name]} could not decode a chunk "
                               f"(corrupt data?): {exc}") from None
+
+
+ANS_FAILED = "nvCOMP ANS could not decode a chunk (corrupt data?)"
+
+
+def settle(later: list) -> None:
+    """Run the checks ``decode`` left in ``later`` (after a ``synchronize``); raises
+    FormatError for a batch that did not decode."""
+    if not later:
+        return
+    failed = [ok for ok in later if not ok()]
+    later.clear()
+    if failed:
+        raise FormatError(ANS_FAILED)
 
 
 def _ints(x) -> list[int]:
@@ -372,7 +394,8 @@ class EmulatedBackend:
             out[i] = len(c)
         return out
 
-    def decode(self, spec, src, src_off, src_sizes, dst, dst_off, dst_sizes) -> None:
+    def decode(self, spec, src, src_off, src_sizes, dst, dst_off, dst_sizes,
+               later=None) -> None:
         for so, sn, do, dn in zip(src_off, src_sizes, dst_off, dst_sizes):
             d = zlib.decompressobj(-15)
             try:

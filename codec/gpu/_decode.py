@@ -38,7 +38,7 @@ from .. import _planes
 from .._dtypes import DType, from_code
 from . import _codecs, _payload
 from . import _kernels as K
-from ._backend import CodecSpec
+from ._backend import CodecSpec, settle
 from ._common import (
     ALIGN,
     CODEC_NAMES,
@@ -114,6 +114,7 @@ class _Decode:
         self.staging = Staging(b)
         self.mark = timer.mark if timer is not None else (lambda stage: None)
         self.host_planes: dict[int, bytes] = {}
+        self.later: list = []       # nvCOMP verdicts, read after the next wait
 
     def headers(self) -> None:
         """Every container header and nvCOMP payload table, checked: read for all blobs
@@ -350,7 +351,7 @@ class _Decode:
         kind = np.where((pkind == BLOB) | (pkind == HOST), COPY, pkind)
         src = Sources(kind=kind, ptr=ptr, val=val, spec=self.pspec, specs=self.specs,
                       counts=self.pcount, sizes=self.psizes)
-        self.scratch = restore_planes(self.b, pl, src, self.keep, self.mark)
+        self.scratch = restore_planes(self.b, pl, src, self.keep, self.mark, self.later)
         self.mark("nvcomp")
 
     def merge(self) -> None:
@@ -363,7 +364,7 @@ class _Decode:
     def verify(self, report: bool = False):
         """XXH3 of every output (and base) on the device, against its header."""
         got = _verify(self.b, self.checksum, self.base_checksum, self.raw_len, self.out_ptrs,
-                      self.base_ptr, self.keep, report)
+                      self.base_ptr, self.keep, report, self.later)
         self.mark("checksum")
         return got
 
@@ -372,11 +373,13 @@ class _Decode:
         b, out_off, raw = self.b, self.out_off.tolist(), self.raw_len.tolist()
         if out == "device":
             b.synchronize()
+            settle(self.later)
             return [b.view(self.out_dev, o, n) for o, n in zip(out_off, raw)]
         tot = out_off[-1] + raw[-1]
         host = b.pinned(tot)
         b.download(self.out_dev, 0, host[:tot])
         b.synchronize()
+        settle(self.later)
         self.mark("copy out")
         views = [host[o: o + n] for o, n in zip(out_off, raw)]
         if out == "host":
@@ -452,10 +455,13 @@ def _plane_specs(nplanes: int, cq, cid, option, chunk, counts):
     return spec, [CodecSpec(CODEC_NAMES[c], o, ch) for c, o, ch in combos], pcount
 
 
-def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: None):
+def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: None,
+                   later: list | None = None):
     """Every plane of a plan into one scratch buffer (offsets from ``Plan.place``): raw
     copies and fills are one launch each; coded chunks are gathered to aligned
-    addresses and decoded in one nvCOMP batch per codec configuration."""
+    addresses and decoded in one nvCOMP batch per codec configuration. With a ``later``
+    list, nvCOMP's verdicts are left there for ``settle`` after the caller's next wait
+    (no wait here)."""
     total = pl.place()
     scratch = b.empty(total)
     sp = b.ptr(scratch)
@@ -491,8 +497,8 @@ def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: Non
         gs = Segments()
         gs.add(srcp, b.ptr(cin) + coff, csize)
         gs.launch(b, keep)
-        b.decode(spec, cin, coff, csize, scratch, dst, rsize)
-    if coded.any():
+        b.decode(spec, cin, coff, csize, scratch, dst, rsize, later)
+    if coded.any() and later is None:
         # nvCOMP queues its work on our stream; waiting here also keeps its batch
         # descriptors (freed when the call's Python objects go) from outliving the kernels
         b.synchronize()
@@ -510,9 +516,12 @@ def merge_planes(b, pl: Plan, scratch, base_ptr, keep: list):
     return out_dev, out_off
 
 
-def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, report=False):
+def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, report=False,
+            later=None):
     """Check every output (and base) against its header; raise on the first mismatch,
-    or with ``report`` return one bool per blob (True: restored exactly)."""
+    or with ``report`` return one bool per blob (True: restored exactly). ``later``:
+    nvCOMP verdicts ``restore_planes`` left (a chunk nvCOMP refused raises FormatError
+    before any checksum is compared)."""
     with_base = np.flatnonzero(base_ptr)
     ptrs = np.concatenate([np.asarray(out_ptrs, dtype=np.uint64), base_ptr[with_base]])
     lens = np.concatenate([raw_len, raw_len[with_base]])
@@ -520,6 +529,7 @@ def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, repor
     got = np.empty(len(ptrs), dtype=np.uint64)
     b.download(d_hash, 0, got.view(np.uint8))
     b.synchronize()
+    settle(later)
     n = len(raw_len)
     ok = got[:n] == checksum
     base_ok = np.ones(n, dtype=bool)

@@ -31,7 +31,7 @@ from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType, from_code, lookup
 from . import _payload
-from ._backend import CodecSpec, round_up
+from ._backend import CodecSpec, round_up, settle
 from ._common import (
     ALIGN,
     CODEC_IDS,
@@ -285,8 +285,8 @@ class _Encode:
             return
         items = self.items
         ok = _self_check(self.b, self.pl, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
-                         self.base_ptr, self.h_hash[: len(self.datas)], self.dev_blobs,
-                         [it[2] for it in items], self.keep,
+                         self.base_ptr, self.h_hash[: len(self.datas)], self.h_first,
+                         self.dev_blobs, [it[2] for it in items], self.keep,
                          lambda stage: self.mark("check: " + stage))
         for i in np.flatnonzero(~ok).tolist():
             self.redo[i] = _cpu_blob(items[i][0], self.dts[i], items[i][2])
@@ -318,18 +318,53 @@ class _Encode:
         return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
 
 
-def _self_check(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep,
+def _self_check(b, pl, lay, at, base_ptr, sums, h_first, blobs, base_items, keep,
                 mark=lambda stage: None) -> np.ndarray:
     """Which blobs decode (on this device) to bytes matching their checksum (``blobs()``
     gives their device views, for the blob-by-blob check).
 
-    Each blob is read as the decoder reads it, from the header bytes it was given (the
-    container headers, constant bytes and nvCOMP payload tables, parsed from the host copy
-    they were gathered from, so no device reads): its planes restored by the decoder's
-    own device stages (raw copies, constant fills, every coded chunk decoded by nvCOMP
-    with the configuration its payload records), merged with the bases, hashed; one
-    readback of the hashes.
+    Each blob must be read as the decoder reads it, from the header bytes it was given
+    (the container headers, constant bytes and nvCOMP payload tables): its planes
+    restored by the decoder's own device stages (raw copies, constant fills, every coded
+    chunk decoded by nvCOMP with the configuration its payload records), merged with the
+    bases, hashed; one readback of the hashes. The device starts on the sources the
+    encoder meant to write while the host parses the header bytes (``_as_read``); when
+    what they name differs in anything, or a blob is stored flat, the check runs again
+    from the parsed sources alone.
     """
+    from ._decode import merge_planes, restore_planes
+    own = _own_sources(pl, lay, at, h_first)
+    if own is None:
+        return _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark)
+    later: list = []
+    try:
+        scratch = restore_planes(b, pl, own, keep, mark, later)
+    except CodecError:
+        return _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark)
+    mark("nvcomp")
+    out, offs = merge_planes(b, pl, scratch, base_ptr, keep)
+    d_got = hash_buffers(b, b.ptr(out) + offs, pl.raw_len, keep)
+    got = b.pinned(8 * len(pl)).view(np.uint64)
+    b.download(d_got, 0, got.view(np.uint8))
+    mark("merge")
+    try:                    # while the device works: what a reader finds in the headers
+        same = _same_sources(_as_read(pl, lay, at)[1], own, pl)
+    except CodecError:
+        same = False
+    mark("headers")
+    b.synchronize()
+    try:
+        settle(later)
+    except CodecError:
+        same = False
+    if not same:
+        return _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark)
+    return got == sums
+
+
+def _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark):
+    """The self-check from the parsed header bytes alone (then blob by blob through the
+    whole decoder if the decoder refuses any of them)."""
     from ._decode import merge_planes, restore_planes
     try:
         cpl, src = _as_read(pl, lay, at)
@@ -345,6 +380,45 @@ def _self_check(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep,
     b.download(d_got, 0, got.view(np.uint8))
     b.synchronize()
     return got == sums
+
+
+def _own_sources(pl, lay, at, h_first):
+    """The plane sources the encoder meant to write (from its own columns, as the
+    decoder's ``Sources``); None when a blob is stored flat (read back as another plan)."""
+    from ._decode import CODED as READ_CODED
+    from ._decode import COPY, FILL, Sources
+    if lay.flat.any():
+        return None
+    coded, const = lay.kind == CODED, lay.kind == CONST
+    job = pl.job
+    ptr = np.asarray(at, dtype=np.int64)[job] + lay.hlen[job] + lay.pos + \
+        np.where(coded, lay.tsize, 0)
+    return Sources(
+        kind=np.where(coded, READ_CODED, np.where(const, FILL, COPY)), ptr=ptr,
+        val=np.where(const, h_first[: pl.nplanes], 0).astype(np.int64),
+        spec=np.where(coded, pl.spec, -1), specs=list(pl.specs),
+        counts=np.where(coded, pl.nch, 0), sizes=lay.sizes)
+
+
+def _same_sources(got, want, pl) -> bool:
+    """Whether two ``Sources`` of one plan restore the same bytes: the same kind,
+    position, constant, chunk sizes and nvCOMP configuration for every live plane."""
+    from ._decode import CODED as READ_CODED
+    from ._decode import FILL
+    live = pl.raw > 0
+    if not np.array_equal(got.kind[live], want.kind[live]):
+        return False
+    fill = live & (want.kind == FILL)
+    coded = live & (want.kind == READ_CODED)
+    if not (np.array_equal(got.ptr[live & ~fill], want.ptr[live & ~fill])
+            and np.array_equal(got.val[fill], want.val[fill])
+            and np.array_equal(got.counts[coded], want.counts[coded])
+            and np.array_equal(got.sizes, want.sizes)):
+        return False
+    if not coded.any():
+        return True
+    pairs = np.unique(np.stack([got.spec[coded], want.spec[coded]]), axis=1)
+    return all(got.specs[i] == want.specs[j] for i, j in pairs.T.tolist())
 
 
 def _as_read(pl, lay, at):
@@ -417,7 +491,7 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
     (its header in ``meta``), ``blob_len``; per plane of the plan ``kind``, ``pos``
     (offset after the header), ``tsize`` (payload table bytes), ``extra`` (where its
     constant byte or payload table is in ``meta``); ``hextra``: ``extra`` per plane the
-    headers list, in their order."""
+    headers list, in their order; ``sizes``: every coded chunk's size, planes in order."""
     nj, npl = len(pl), pl.nplanes
     flag = h_flags[:npl]
     const = (pl.raw >= 2) & (pl.role != TAIL) & (flag == 0)
@@ -475,4 +549,5 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
     return SimpleNamespace(flat=flat, hstart=hstart, hlen=hlen,
                            blob_len=np.where(flat, flat_len, planar), kind=kind, pos=pos,
                            tsize=tsize, extra=extra, hextra=hextra, meta=meta,
-                           fallback=fallback, delta=np.asarray(delta, dtype=bool))
+                           fallback=fallback, delta=np.asarray(delta, dtype=bool),
+                           sizes=sizes)
