@@ -247,7 +247,7 @@ class S4Operations(pyfuse3.Operations):
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
             info = pyfuse3.FileInfo(fh=self._new_fh(handle))
-            mid = handle.manifest.id if handle.manifest is not None else None
+            mid = handle.version
             # the kernel may keep cached pages only if the file is the version it cached
             info.keep_cache = mid is not None and self._seen_ids.get(path) == mid
             if mid is not None:
@@ -286,6 +286,9 @@ class S4Operations(pyfuse3.Operations):
         if isinstance(handle, WriteHandle):
             async with self._handle_locks[fh]:
                 await self._run(handle.flush)
+            # close() returns after this, and the kernel sends the release later: an open
+            # in between must already know the pages it holds are the committed version
+            self._saw_commit(handle)
 
     @_fuse_errors
     async def fsync(self, fh, datasync):
@@ -302,13 +305,16 @@ class S4Operations(pyfuse3.Operations):
                 async with self._handle_locks[fh]:
                     await self._run(handle.release)
                 if isinstance(handle, WriteHandle):
-                    # the kernel's page cache holds what was written: if that is exactly
-                    # the committed version, the next open may keep it
-                    vid = handle.committed_id()
-                    if vid is not None:
-                        self._seen_ids[handle.path] = vid
+                    self._saw_commit(handle)
         finally:
             self._forget_fh(fh)
+
+    def _saw_commit(self, handle) -> None:
+        """The kernel's page cache holds what was written: if that is exactly the
+        committed version, the next open may keep it."""
+        vid = handle.committed_id()
+        if vid is not None:
+            self._seen_ids[handle.path] = vid
 
     def _forget_fh(self, fh) -> None:
         with self._lock:

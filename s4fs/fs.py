@@ -490,7 +490,10 @@ class Filesystem:
         fd = w.reader_fd() if w is not None else None
         if fd is not None:
             # being written on this mount: read what is written so far, from its spool
-            return ReadHandle(staged_fd=fd, size_fn=lambda: w.size, path=path)
+            # (which may already be exactly the committed version: the release of a
+            # closed file comes after close() returns)
+            return ReadHandle(staged_fd=fd, size_fn=lambda: w.size, path=path,
+                              version=w.committed_id())
         m = self._manifest_or_none(path)
         if m is None:
             if path and self._is_dir(path):

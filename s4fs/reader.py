@@ -380,11 +380,14 @@ class ReadHandle:
 
     def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
                  size_fn=None, path: str = "", manifest: Manifest | None = None,
-                 on_bad=None, fill_fn=None):
+                 on_bad=None, fill_fn=None, version: str | None = None):
         self._reader = reader
         self._fd = staged_fd
         self._size_fn = size_fn
         self._m = manifest if manifest is not None else (reader.m if reader else None)
+        # the committed version these bytes are (a spool holding exactly it has no
+        # manifest to check against: later writes through its handle may change it)
+        self._version = version if version is not None else (self._m.id if self._m else None)
         self._on_bad = on_bad
         # local copies of a committed version are checked like the store's bytes: the
         # whole-file hash, when the file is read from start to end in order
@@ -402,6 +405,12 @@ class ReadHandle:
     @property
     def manifest(self) -> Manifest | None:
         return self._m
+
+    @property
+    def version(self) -> str | None:
+        """The id of the committed version this handle reads, or None (a spool that is
+        not exactly one)."""
+        return self._version
 
     @property
     def size(self) -> int:

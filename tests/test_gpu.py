@@ -788,3 +788,15 @@ def test_nvcomp_c_tables_reach_the_right_arguments(emu):
         assert back[o: o + n].tobytes() == src[o: o + n].tobytes()
     assert not c.decompress(emu, emu.ptr(dst) + offs, got, emu.ptr(back) + offs,
                             [1000, 4096, 6], 1 << 13)                     # a short chunk
+    # the verdicts left for after the batch's last wait: the same answers, and a batch
+    # that did not decode is an error then
+    from s4fs.codec.gpu._backend import settle
+    from s4fs.errors import FormatError
+    ok = c.decompress(emu, emu.ptr(dst) + offs, got, emu.ptr(back) + offs, sizes, 1 << 13,
+                      wait=False)
+    short = c.decompress(emu, emu.ptr(dst) + offs, got, emu.ptr(back) + offs,
+                         [1000, 4096, 6], 1 << 13, wait=False)
+    assert ok() and not short()
+    settle([ok])
+    with pytest.raises(FormatError, match="could not decode"):
+        settle([ok, short])
