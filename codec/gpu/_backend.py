@@ -9,10 +9,12 @@ blobs record nvCOMP version 255.0.0, so a real GPU refuses their ANS planes.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
 import threading
+import weakref
 import zlib
 from dataclasses import dataclass
 
@@ -67,6 +69,23 @@ class CudaBackend:
         v = nvcomp.__version__.split(".")
         self.nvcomp_version = tuple(int(x) for x in (v + ["0", "0"])[:3])
         self._lent: list = []       # pinned copies of small uploads, until the next sync
+        _LIVE.add(self)
+
+    def __del__(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Free nvCOMP's codecs and configurations while their stream still exists (left
+        to the garbage collector, the stream could go first: a segfault on the H200
+        when a backend was dropped, and at interpreter exit)."""
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            try:
+                stream.synchronize()
+            except Exception:       # noqa: BLE001 - a broken device: free what we can
+                pass
+        for name in ("_configs", "_codecs"):
+            getattr(self, name, {}).clear()
 
     # ---- memory
     def empty(self, nbytes: int):
@@ -406,6 +425,13 @@ class EmulatedBackend:
 
 
 _local = threading.local()
+_LIVE: "weakref.WeakSet[CudaBackend]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_all() -> None:
+    for b in list(_LIVE):
+        b.release()
 
 
 def cuda_backend(device_id: int | None = None) -> CudaBackend:
