@@ -88,12 +88,13 @@ class GpuDecoder:
     def _decode(self, job) -> int:
         from s4fs.reader import decode_on_gpu
         from s4fs.workers import pwrite_all
-        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items], gpu_thread=True)
+        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items], gpu_thread=True,
+                                to_host=True)
         fd = os.open(job.target, os.O_WRONLY)
         try:
             for ref, pieces in job.items:
                 arr = decoded[ref.key()]
-                data = arr.get() if hasattr(arr, "get") else arr      # CuPy: to the host
+                data = arr.get() if hasattr(arr, "get") else arr      # CuPy (a base too)
                 for coff, foff, n in pieces:
                     pwrite_all(fd, data[coff: coff + n], foff)
         finally:

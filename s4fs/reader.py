@@ -68,7 +68,7 @@ class WholeFileHash:
 
 
 def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
-                  readers: int = 16, gpu_thread: bool = False) -> dict:
+                  readers: int = 16, gpu_thread: bool = False, to_host: bool = False) -> dict:
     """The bytes of every chunk in ``refs`` decoded on the current CUDA device, as device
     arrays keyed by ``ref.key()`` (their delta bases' too): bases decode before the
     chunks written against them, level by level, in ``s4fs.codec.gpu.decompress_many``
@@ -77,7 +77,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     decoded, and every output against its blob's checksum on the device. ``gpu_thread``:
     only the decoding runs on the process's GPU thread (the mount's), the reads here.
     A batch's blobs are read into one pinned host buffer, one read per run of adjacent
-    blobs in a pack, and go up to the device in one copy."""
+    blobs in a pack, and go up to the device in one copy. ``to_host``: batches of chunks
+    asked for that no other chunk needs as its base come back as host memoryviews (one
+    copy into pinned memory per batch, not one per chunk)."""
     from s4fs.codec import _device, gpu
     run = _device.on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
     todo: dict = {}
@@ -88,6 +90,8 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
             r = r.base
     groups = [g for d in sorted({r.depth for r in todo.values()})
               for g in _groups([r for r in todo.values() if r.depth == d], batch_bytes)]
+    asked = {r.key() for r in refs}
+    bases = {r.base.key() for r in todo.values() if r.base is not None}
     decoded: dict = {}
     with ThreadPoolExecutor(readers, thread_name_prefix="s4fs-load") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="s4fs-load-ahead") as ahead:
@@ -100,10 +104,11 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
             blobs = nxt.result()
             if k + 1 < len(groups):
                 nxt = ahead.submit(read, groups[k + 1])
+            host = to_host and all(r.key() in asked and r.key() not in bases for r in group)
             with _corrupt("a chunk of this file"):
                 outs = run(gpu.decompress_many,
                            blobs, [decoded[r.base.key()] if r.base is not None else None
-                                   for r in group], out="device")
+                                   for r in group], out="host" if host else "device")
             decoded.update((r.key(), o) for r, o in zip(group, outs))
     return decoded
 

@@ -261,17 +261,24 @@ def download_ranges(b, ranges: list[tuple[int, int]], keep: list) -> list[bytes]
     """Small device reads gathered into one buffer and one copy back."""
     if not ranges:
         return []
-    lens = np.asarray([n for _, n in ranges], dtype=np.int64)
+    host, offs = download_gather(b, [p for p, _ in ranges], [n for _, n in ranges], keep)
+    return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), [n for _, n in ranges])]
+
+
+def download_gather(b, ptrs, lens, keep: list) -> tuple[np.ndarray, np.ndarray]:
+    """Device bytes at ``ptrs`` (``lens`` each) back to back in one host array, with one
+    gather launch and one copy; returns it and where each piece starts."""
+    lens = np.asarray(lens, dtype=np.int64)
     offs = np.cumsum(lens) - lens
     total = int(lens.sum())
     dev = b.empty(total or 1)
     seg = Segments()
-    seg.add([p for p, _ in ranges], b.ptr(dev) + offs, lens)
+    seg.add(np.asarray(ptrs, dtype=np.int64), b.ptr(dev) + offs, lens)
     seg.launch(b, keep)
     host = np.empty(total or 1, dtype=np.uint8)
     b.download(dev, 0, host[:total])
     b.synchronize()
-    return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), lens.tolist())]
+    return host[:total], offs
 
 
 def launch_planes(b, kind: str, pl: "Plan", descs: np.ndarray, flags_ptr: int, keep: list):

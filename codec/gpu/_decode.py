@@ -45,6 +45,7 @@ from ._common import (
     Plan,
     Segments,
     Staging,
+    download_gather,
     download_ranges,
     finish,
     hash_buffers,
@@ -114,6 +115,7 @@ class _Decode:
         self.staging = Staging(b)
         self.mark = timer.mark if timer is not None else (lambda stage: None)
         self.host_planes: dict[int, bytes] = {}
+        self.fill_val = None        # constant planes' bytes, when the headers read them
         self.later: list = []       # nvCOMP verdicts, read after the next wait
 
     def headers(self) -> None:
@@ -136,6 +138,8 @@ class _Decode:
         got = resolve(b, [self.blobs[i] for i in on_dev], self.staging, keep)
         self.host_mv = host_mv
         self.dev = {i: (r.ptr, r.nbytes) for i, r in zip(on_dev, got)}
+        self.dev_ptr = np.zeros(len(self.blobs), dtype=np.int64)
+        self.dev_ptr[on_dev] = [r.ptr for r in got]
         if not self._headers_batch():
             self._headers_each()
         self.mark("headers")
@@ -144,6 +148,8 @@ class _Decode:
         """Bytes at ``pos`` (``lens`` each, fewer where a blob ends) of the given blobs: one
         buffer and the start of each piece (device blobs: one gather and one copy back)."""
         host_mv, dev = self.host_mv, self.dev
+        if len(dev) == len(host_mv):            # every blob on the device: no loop
+            return download_gather(self.b, self.dev_ptr[planes_blob] + pos, lens, self.keep)
         pieces: list = [None] * len(pos)
         want = []
         for q, (i, p, n) in enumerate(zip(planes_blob.tolist(), pos.tolist(), lens.tolist())):
@@ -202,7 +208,15 @@ class _Decode:
         # payload tables, read as long as a chunk of TABLE_GUESS bytes makes them; once more
         # at their exact length when a table lists more chunks than that
         tlen = _payload.FIXED_SIZE + 4 * (-(-pl.raw[cq] // TABLE_GUESS))
-        tables, tstart = self._read(cb, cpos, np.minimum(enc[cq], tlen))
+        # the bytes of constant planes come in the same read
+        fq = np.flatnonzero(const & (pl.raw > 0))
+        tables, tstart = self._read(np.concatenate([cb, heads.blob[fq]]),
+                                    np.concatenate([cpos, heads.pos[fq]]),
+                                    np.concatenate([np.minimum(enc[cq], tlen),
+                                                    np.ones(len(fq), dtype=np.int64)]))
+        fill_val = np.zeros(pl.nplanes, dtype=np.int64)
+        fill_val[fq] = np.frombuffer(tables, dtype=np.uint8)[tstart[len(cq):]]
+        tstart = tstart[: len(cq)]
         option, chunk, version, counts, sizes, tbad = _payload.parse_many(
             tables, tstart, enc[cq], pl.raw[cq], np.diff(np.append(tstart, len(tables))))
         if len(tbad):
@@ -229,6 +243,7 @@ class _Decode:
         self.raw_len, self.pl = heads.raw_len, pl
         self.pkind, self.ppos, self.pspec, self.pcount, self.psizes = \
             pkind, ppos, spec_of, pcount, sizes
+        self.fill_val = fill_val
         return True
 
     def _headers_each(self) -> None:
@@ -343,11 +358,14 @@ class _Decode:
         ptr = self.blob_ptr[pl.job] + self.ppos
         for q, at in self.host_at.items():
             ptr[q] = self.sdev + at
-        fq = np.flatnonzero((pkind == FILL) & (pl.raw > 0))
-        val = np.zeros(pl.nplanes, dtype=np.int64)
-        if len(fq):
-            got, at = self._read(pl.job[fq], self.ppos[fq], np.ones(len(fq), dtype=np.int64))
-            val[fq] = np.frombuffer(got, dtype=np.uint8)[at]
+        val = self.fill_val                     # read with the headers (the batch path)
+        if val is None:
+            val = np.zeros(pl.nplanes, dtype=np.int64)
+            fq = np.flatnonzero((pkind == FILL) & (pl.raw > 0))
+            if len(fq):
+                got, at = self._read(pl.job[fq], self.ppos[fq],
+                                     np.ones(len(fq), dtype=np.int64))
+                val[fq] = np.frombuffer(got, dtype=np.uint8)[at]
         kind = np.where((pkind == BLOB) | (pkind == HOST), COPY, pkind)
         src = Sources(kind=kind, ptr=ptr, val=val, spec=self.pspec, specs=self.specs,
                       counts=self.pcount, sizes=self.psizes)
@@ -448,11 +466,13 @@ def _plane_specs(nplanes: int, cq, cid, option, chunk, counts):
     and per plane its chunk count."""
     pcount = np.zeros(nplanes, dtype=np.int64)
     pcount[cq] = counts
-    combos: dict = {}
     spec = np.full(nplanes, -1, dtype=np.int64)
-    for q, key in zip(cq.tolist(), zip(cid[cq].tolist(), option.tolist(), chunk.tolist())):
-        spec[q] = combos.setdefault(key, len(combos))
-    return spec, [CodecSpec(CODEC_NAMES[c], o, ch) for c, o, ch in combos], pcount
+    if not len(cq):
+        return spec, [], pcount
+    keys = np.stack([np.asarray(cid)[cq], np.asarray(option), np.asarray(chunk)], axis=1)
+    combos, which = np.unique(keys.astype(np.int64), axis=0, return_inverse=True)
+    spec[cq] = which.reshape(-1)
+    return spec, [CodecSpec(CODEC_NAMES[c], o, ch) for c, o, ch in combos.tolist()], pcount
 
 
 def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: None,
