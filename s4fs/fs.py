@@ -527,7 +527,8 @@ class Filesystem:
                     return None, fd
                 from s4fs import workers
                 if where == "cuda":
-                    pool, batch = fill_mod.GpuDecoder(self.source), ingest.gpu_batch_bytes
+                    pool = fill_mod.GpuDecoder(self.source)
+                    batch = min(ingest.gpu_batch_bytes, fill_mod.GPU_FILL_BATCH)
                 else:
                     pool, batch = workers.pool(ingest.workers, ingest.nice), ingest.batch_bytes
                 try:
