@@ -800,3 +800,30 @@ def test_nvcomp_c_tables_reach_the_right_arguments(emu):
     settle([ok])
     with pytest.raises(FormatError, match="could not decode"):
         settle([ok, short])
+
+
+def test_zero_heavy_planes_take_the_smaller_nvcomp_chunk(emu):
+    """Dense planes are coded in ``chunk``-sized nvCOMP chunks, planes with a zero
+    stretch in ``zero_chunk``-sized ones (what each payload records), and both kinds of
+    blob decode to exactly their bytes."""
+    from s4fs.codec import _container as C
+    from s4fs.codec import _plane_codecs as P
+    from s4fs.codec.gpu import GpuProfile, _decode, _encode, _payload
+    rng = np.random.default_rng(21)
+    dense = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32)
+    sparse = ((rng.standard_normal(1 << 20) * 1e-4) ** 2).astype(np.float32)
+    sparse[: 3 << 18] = 0                       # 75 % zeros in one stretch
+    prof = GpuProfile(chunk=3 << 16, zero_chunk=1 << 16)
+    blobs = _encode.compress_many([(dense, "float32"), (sparse, "float32")], profile=prof,
+                                  backend=emu, out="bytes")
+    assert _decode.decompress_many(blobs, backend=emu) == [dense.tobytes(), sparse.tobytes()]
+    chunks = []
+    for blob in blobs:
+        head = C.unpack(blob)
+        pos, seen = head.payload_offset, set()
+        for ph in head.planes:
+            if ph.codec_id == P.NVCOMP_ANS:
+                seen.add(_payload.parse(blob[pos: pos + ph.enc_len], ph.raw_len, "ans").chunk)
+            pos += ph.enc_len
+        chunks.append(seen)
+    assert chunks == [{3 << 16}, {1 << 16}]

@@ -159,7 +159,7 @@ class _Encode:
 
     def choose_codecs(self) -> None:
         """Constant planes and planes the codec cannot shrink skip it; zero-heavy planes
-        take GDeflate's LZ mode when the profile asks."""
+        take the profile's ``zero_chunk`` (or GDeflate's LZ mode, when it asks)."""
         pl, profile, coded = self.pl, self.profile, self.coded
         if not len(coded):
             return
@@ -168,13 +168,11 @@ class _Encode:
         zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
         drop = (self.h_flags[coded] == 0) | (bits >= profile.max_entropy)
         pl.spec[coded[drop]] = -1
+        zc = coded[~drop & (zero_share >= profile.zero_chunk_share)]
+        _respec(pl, zc, lambda old: CodecSpec(old.name, old.level, profile.zero_chunk))
         if profile.zero_runs == "gdeflate":
             zr = coded[~drop & (zero_share >= profile.zero_share)]
-            for s in np.unique(pl.spec[zr]).tolist():
-                spec = CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, pl.specs[s].chunk)
-                if spec not in pl.specs:
-                    pl.specs.append(spec)
-                pl.spec[zr[pl.spec[zr] == s]] = pl.specs.index(spec)
+            _respec(pl, zr, lambda old: CodecSpec("gdeflate", ZERO_RUN_ALGORITHM, old.chunk))
 
     def code(self) -> None:
         """One nvCOMP batch per codec configuration, over every chunk of its planes."""
@@ -316,6 +314,15 @@ class _Encode:
             return [memoryview(redo[i]) if i in redo else memoryview(v)
                     for i, v in enumerate(views)]
         return [redo[i] if i in redo else v.tobytes() for i, v in enumerate(views)]
+
+
+def _respec(pl, planes, make) -> None:
+    """Code ``planes`` with ``make(their spec)`` instead of their spec."""
+    for s in np.unique(pl.spec[planes]).tolist():
+        spec = make(pl.specs[s])
+        if spec not in pl.specs:
+            pl.specs.append(spec)
+        pl.spec[planes[pl.spec[planes] == s]] = pl.specs.index(spec)
 
 
 def _self_check(b, pl, lay, at, base_ptr, sums, h_first, blobs, base_items, keep,
