@@ -76,11 +76,10 @@ GPU_FILL_THREADS = 8
 
 
 class GpuDecoder:
-    """The pool a :class:`Fill` uses when the mount codes on the GPU: each batch is read
-    (``GPU_FILL_THREADS`` batches at a time) and decoded by
-    ``s4fs.reader.decode_on_gpu``, only the
-    decoding on the process's GPU thread (every chunk checked, delta chains level by
-    level), then written at its file offsets."""
+    """The pool a :class:`Fill` uses when the mount codes on the GPU: each batch
+    (``GPU_FILL_THREADS`` at a time) is read and decoded by ``s4fs.reader.decode_on_gpu``,
+    only the decoding on the process's GPU thread (every chunk checked, delta chains
+    level by level), then written at its file offsets."""
 
     _pool: ThreadPoolExecutor | None = None
     _lock = threading.Lock()

@@ -261,8 +261,9 @@ def download_ranges(b, ranges: list[tuple[int, int]], keep: list) -> list[bytes]
     """Small device reads gathered into one buffer and one copy back."""
     if not ranges:
         return []
-    host, offs = download_gather(b, [p for p, _ in ranges], [n for _, n in ranges], keep)
-    return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), [n for _, n in ranges])]
+    lens = [n for _, n in ranges]
+    host, offs = download_gather(b, [p for p, _ in ranges], lens, keep)
+    return [host[o: o + n].tobytes() for o, n in zip(offs.tolist(), lens)]
 
 
 def download_gather(b, ptrs, lens, keep: list) -> tuple[np.ndarray, np.ndarray]:

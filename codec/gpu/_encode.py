@@ -339,7 +339,7 @@ def _self_check(b, pl, lay, at, base_ptr, sums, h_first, blobs, base_items, keep
     what they name differs in anything, or a blob is stored flat, the check runs again
     from the parsed sources alone.
     """
-    from ._decode import merge_planes, restore_planes
+    from ._decode import restore_planes
     own = _own_sources(pl, lay, at, h_first)
     if own is None:
         return _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark)
@@ -349,10 +349,7 @@ def _self_check(b, pl, lay, at, base_ptr, sums, h_first, blobs, base_items, keep
     except CodecError:
         return _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark)
     mark("nvcomp")
-    out, offs = merge_planes(b, pl, scratch, base_ptr, keep)
-    d_got = hash_buffers(b, b.ptr(out) + offs, pl.raw_len, keep)
-    got = b.pinned(8 * len(pl)).view(np.uint64)
-    b.download(d_got, 0, got.view(np.uint8))
+    got = _restored_sums(b, pl, scratch, base_ptr, keep)
     mark("merge")
     try:                    # while the device works: what a reader finds in the headers
         same = _same_sources(_as_read(pl, lay, at)[1], own, pl)
@@ -372,7 +369,7 @@ def _self_check(b, pl, lay, at, base_ptr, sums, h_first, blobs, base_items, keep
 def _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark):
     """The self-check from the parsed header bytes alone (then blob by blob through the
     whole decoder if the decoder refuses any of them)."""
-    from ._decode import merge_planes, restore_planes
+    from ._decode import restore_planes
     try:
         cpl, src = _as_read(pl, lay, at)
         mark("headers")
@@ -380,13 +377,21 @@ def _check_as_read(b, pl, lay, at, base_ptr, sums, blobs, base_items, keep, mark
         mark("nvcomp")
     except CodecError:      # a header or chunk the decoder refuses: find its blob the long way
         return np.array(_self_check_each(b, blobs(), base_items), dtype=bool)
-    out, offs = merge_planes(b, cpl, scratch, base_ptr, keep)
+    got = _restored_sums(b, cpl, scratch, base_ptr, keep)
     mark("merge")
-    d_got = hash_buffers(b, b.ptr(out) + offs, cpl.raw_len, keep)
-    got = np.empty(len(cpl), dtype=np.uint64)
-    b.download(d_got, 0, got.view(np.uint8))
     b.synchronize()
     return got == sums
+
+
+def _restored_sums(b, pl, scratch, base_ptr, keep) -> np.ndarray:
+    """Merge the restored planes (bases XOR-ed back in) and queue their XXH3 sums back
+    into pinned memory: read them after the next ``synchronize``."""
+    from ._decode import merge_planes
+    out, offs = merge_planes(b, pl, scratch, base_ptr, keep)
+    d_got = hash_buffers(b, b.ptr(out) + offs, pl.raw_len, keep)
+    got = b.pinned(8 * len(pl)).view(np.uint64)
+    b.download(d_got, 0, got.view(np.uint8))
+    return got
 
 
 def _own_sources(pl, lay, at, h_first):

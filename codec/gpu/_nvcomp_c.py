@@ -93,12 +93,12 @@ class AnsC:
         self._check(st, "GetTempSize")
         return out.value
 
-    def _run(self, b, kind: str, columns: list, chunk: int, total: int, call, wait=True):
+    def _run(self, b, kind: str, columns: list, chunk: int, total: int, call):
         """One batched call: the u64 ``columns`` (pointers, sizes) go up as one table
         followed by room for a size and a status per chunk; ``call(table, temp, temp
-        bytes)`` launches; returns the sizes and statuses nvCOMP wrote (one wait), or
-        with ``wait=False`` a function that returns them once the stream has run (they
-        come back into pinned memory, so nothing waits now)."""
+        bytes)`` launches. Returns a function that gives the sizes and statuses nvCOMP
+        wrote once the stream has run (they come back into pinned memory: nothing waits
+        here)."""
         n = len(columns[0])
         table = np.concatenate([np.asarray(c, dtype=np.uint64) for c in columns])
         dev = b.empty(8 * len(table) + 12 * n)
@@ -106,26 +106,25 @@ class AnsC:
         temp_n = self._temp_bytes(kind, n, chunk, total, b.stream.ptr)
         temp = b.empty(max(temp_n, 1))
         self._check(call(b.ptr(dev), b.ptr(temp), temp_n), f"ANS {kind}")
-        out = np.empty(12 * n, dtype=np.uint8) if wait else b.pinned(12 * n)
+        out = b.pinned(12 * n)
         b.download(dev, 8 * len(table), out)
 
         def result(held=(dev, temp)):       # the tables and scratch live until it is read
             return out[: 8 * n].view(np.uint64), out[8 * n:].view(np.int32)
-        if not wait:
-            return result
-        b.synchronize()
-        return result()
+        return result
 
     def compress(self, b, src_ptrs, sizes, dst_ptrs, chunk: int) -> np.ndarray:
         """Compress chunks (device pointers and sizes) into ``dst_ptrs``; returns the
         compressed sizes."""
         n = len(sizes)
         sizes = np.asarray(sizes, dtype=np.uint64)
-        out, status = self._run(
+        result = self._run(
             b, "compress", [src_ptrs, sizes, dst_ptrs], chunk, int(sizes.sum()),
             lambda t, temp, temp_n: self.lib.nvcompBatchedANSCompressAsync(
                 t, t + 8 * n, chunk, n, temp, temp_n, t + 16 * n, t + 24 * n, self.copts,
                 t + 32 * n, b.stream.ptr))
+        b.synchronize()
+        out, status = result()
         if np.any(status != SUCCESS):
             raise RuntimeError(f"nvCOMP ANS compress: chunk status {int(status[status != 0][0])}")
         return out.astype(np.int64)
@@ -141,7 +140,7 @@ class AnsC:
             int(dst_sizes.sum()),
             lambda t, temp, temp_n: self.lib.nvcompBatchedANSDecompressAsync(
                 t, t + 8 * n, t + 16 * n, t + 32 * n, n, temp, temp_n, t + 24 * n,
-                self.dopts, t + 40 * n, b.stream.ptr), wait=False)
+                self.dopts, t + 40 * n, b.stream.ptr))
 
         def ok() -> bool:
             got, status = result()

@@ -26,8 +26,8 @@ class GpuProfile:
     bf16 weights 66.86 vs 66.94 %, fp32 83.42 vs 83.47 %, AdamW exp_avg_sq 50.80 vs
     50.19 %; modelled with bench/gpu_gap_model.py's coder model, 256 KiB for planes with
     ≥ 5 % zero bytes keeps AdamW where 256 KiB everywhere has it). The payload records
-    each plane's chunk size. Planes that do not shrink are
-    stored raw and constant planes as one byte, whatever the profile.
+    each plane's chunk size. Planes that do not shrink are stored raw and constant
+    planes as one byte, whatever the profile.
 
     ``max_entropy``: planes whose sampled order-0 entropy is at least this many bits
     per byte are stored raw without trying the codec (ANS cannot beat the entropy).
