@@ -195,13 +195,11 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     ingest = fs.cfg.ingest
-    from s4fs.codec import _device
-    if ingest.processes and _device.pipeline(ingest.device) == "cpu":
-        # start the coding worker processes now, beside the mount: the first save
-        # should not wait for interpreters to start
-        from s4fs import workers as coding
-        coding_pool = coding.pool(ingest.workers, ingest.nice)
-        threading.Thread(target=coding_pool.warm, daemon=True,
+    if ingest.processes:
+        # start the coding worker processes (or the GPU worker, its codec loaded) now,
+        # beside the mount: the first save should not wait for them
+        from s4fs.ingest import coding_pool
+        threading.Thread(target=coding_pool(ingest).warm, daemon=True,
                          name="s4fs-workers-start").start()
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
@@ -247,8 +245,9 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         _notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         fs.close()
-        from s4fs import workers as coding
+        from s4fs import gpu_pool, workers as coding
         coding.shutdown()
+        gpu_pool.shutdown()
         log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
 
 

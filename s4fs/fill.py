@@ -95,24 +95,31 @@ class GpuDecoder:
         return GpuDecoder._pool.submit(self._decode, job)
 
     def _decode(self, job) -> int:
-        from s4fs.reader import decode_on_gpu
-        from s4fs.workers import pwrite_all
-        decoded = decode_on_gpu(self.source, [ref for ref, _ in job.items], gpu_thread=True,
-                                to_host=True)
-        fd = os.open(job.target, os.O_WRONLY)
-        try:
-            for ref, pieces in job.items:
-                arr = decoded[ref.key()]
-                data = arr.get() if hasattr(arr, "get") else arr      # CuPy (a base too)
-                for coff, foff, n in pieces:
-                    pwrite_all(fd, data[coff: coff + n], foff)
-        finally:
-            os.close(fd)
-        return len(job.items)
+        return decode_on_gpu_into(self.source, job)
 
     @staticmethod
     def result(fut, what: str, **_):
         return fut.result()
+
+
+def decode_on_gpu_into(source, job) -> int:
+    """Decode one batch (a :class:`~s4fs.workers.DecodeJob`) with
+    ``s4fs.reader.decode_on_gpu`` (only the decoding on the process's GPU thread; every
+    chunk checked) and write its pieces at their offsets in ``job.target``."""
+    from s4fs.reader import decode_on_gpu
+    from s4fs.workers import pwrite_all
+    decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,
+                            to_host=True)
+    fd = os.open(job.target, os.O_WRONLY)
+    try:
+        for ref, pieces in job.items:
+            arr = decoded[ref.key()]
+            data = arr.get() if hasattr(arr, "get") else arr      # CuPy (a base too)
+            for coff, foff, n in pieces:
+                pwrite_all(fd, data[coff: coff + n], foff)
+    finally:
+        os.close(fd)
+    return len(job.items)
 
 
 class _Ranges:

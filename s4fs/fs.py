@@ -525,12 +525,13 @@ class Filesystem:
                 fd = self.decoded.open(m.id)
                 if fd is not None:
                     return None, fd
-                from s4fs import workers
+                from s4fs.ingest import coding_pool
                 if where == "cuda":
-                    pool = fill_mod.GpuDecoder(self.source)
+                    pool = (coding_pool(ingest) if ingest.processes else
+                            fill_mod.GpuDecoder(self.source))
                     batch = min(ingest.gpu_batch_bytes, fill_mod.GPU_FILL_BATCH)
                 else:
-                    pool, batch = workers.pool(ingest.workers, ingest.nice), ingest.batch_bytes
+                    pool, batch = coding_pool(ingest), ingest.batch_bytes
                 try:
                     f = fill_mod.Fill(m, self.store, self.decoded, pool, batch,
                                       self._fill_done)

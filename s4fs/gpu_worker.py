@@ -75,13 +75,7 @@ def code_batch(batch: list, cfg: IngestConfig, source, base_path) -> None:
     returns (runs on the codec pool; the coding itself on the GPU thread)."""
     try:
         prep = _prepare_bases(batch, cfg, source, base_path)
-        try:
-            results = _device.on_gpu_thread(_gpu_results, batch, prep, cfg)
-        except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
-            log.warning(
-                "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
-                len(batch), type(exc).__name__, exc)
-            results = [_cpu_result(it, p, cfg) for it, p in zip(batch, prep)]
+        results = code_items([it[:3] for it in batch], prep, cfg)
     except BaseException as exc:        # noqa: BLE001 - handed to the session
         for *_, fut in batch:
             if fut.set_running_or_notify_cancel():
@@ -92,41 +86,58 @@ def code_batch(batch: list, cfg: IngestConfig, source, base_path) -> None:
             fut.set_result(res)
 
 
+def code_items(items: list, prep: list, cfg: IngestConfig) -> list:
+    """Code ``items`` (``(data, dtype, base ref)``, with ``prep`` from the delta rule:
+    None, ``("same", checksum)`` or ``("delta", base bytes, checksum)``) in one GPU batch
+    on the process's GPU thread; per item ``(blob | None, base ref | None, checksum, raw
+    length)``. Every coded item's checksum is the one its full blob's header holds,
+    computed on the device from the bytes that were coded. A batch the GPU cannot code
+    is coded on the CPU instead, with a warning."""
+    try:
+        return _device.on_gpu_thread(_gpu_results, items, prep, cfg)
+    except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
+        log.warning(
+            "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
+            len(items), type(exc).__name__, exc)
+        return [_cpu_result(it, p, cfg) for it, p in zip(items, prep)]
+
+
 def _prepare_bases(batch: list, cfg: IngestConfig, source, base_path) -> list:
-    """Per chunk: None (code it whole), ("same", checksum) or ("delta", base bytes,
-    checksum). Base bytes come from the base version's decoded copy when it holds them
-    intact (checked against the manifest's checksum), else from the store."""
+    """Per chunk, :func:`delta_prep`'s answer. Base bytes come from the base version's
+    decoded copy when it holds them intact (checked against the manifest's checksum),
+    else from the store."""
     fd = None
     if base_path is not None and any(it[3] is not None for it in batch):
         try:
             fd = os.open(base_path, os.O_RDONLY)
         except OSError:
             fd = None
-    out: list = []
     try:
-        for data, _, base, where, _ in batch:
-            if not delta_candidate(base, len(data), cfg):
-                out.append(None)
-                continue
-            sum_ = codec.checksum(data)
-            raw = base_from_file(fd, where, base)
-            if raw is None:
-                raw = source.get(base)
-            if base.checksum == sum_ and raw == data:
-                out.append(("same", sum_))
-            else:
-                out.append(("delta", raw, sum_))
+        return [delta_prep(data, base, codec.checksum(data) if base is not None else 0, cfg,
+                           lambda: base_from_file(fd, where, base) or source.get(base))
+                for data, _, base, where, _ in batch]
     finally:
         if fd is not None:
             os.close(fd)
-    return out
+
+
+def delta_prep(data, base: ChunkRef | None, checksum: int, cfg: IngestConfig, base_bytes):
+    """What the delta rule needs before a chunk is coded: None (code it whole), ("same",
+    checksum) when it equals its base, or ("delta", base bytes, checksum). ``base_bytes()``
+    returns the base's verified raw bytes."""
+    if not delta_candidate(base, len(data), cfg):
+        return None
+    raw = base_bytes()
+    if base.checksum == checksum and raw == data:
+        return ("same", checksum)
+    return ("delta", raw, checksum)
 
 
 def _cpu_result(item, prep, cfg: IngestConfig):
-    data, dtype, base, _, _ = item
+    data, dtype, base = item
     if prep is not None and prep[0] == "same":
         return None, base, prep[1], len(data)
-    sum_ = codec.checksum(data) if prep is None else prep[2]
+    sum_ = codec.checksum(data)
     blob, kind = code_chunk(data, dtype, sum_, base if prep else None,
                             lambda: prep[1], cfg, device="cpu")
     return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, len(data)
@@ -150,9 +161,13 @@ def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
     for i, delta in zip(deltas, blobs):
         n = len(batch[i][0])
         keep = delta_is_tiny(len(delta), n) or keep_delta(len(delta), len(full[i]), cfg)
-        res[i] = (delta if keep else full[i], batch[i][2] if keep else None, prep[i][2], n)
+        res[i] = (delta if keep else full[i], batch[i][2] if keep else None,
+                  _sum_of(full[i]), n)
     for i in fulls:
-        # the blob's header holds the chunk's XXH3-64, computed on the device
-        res[i] = (full[i], None, _container.unpack(full[i], whole=False).checksum,
-                  len(batch[i][0]))
+        res[i] = (full[i], None, _sum_of(full[i]), len(batch[i][0]))
     return res
+
+
+def _sum_of(blob) -> int:
+    """The chunk's XXH3-64 as the blob's header holds it (computed on the device)."""
+    return _container.unpack(blob, whole=False).checksum

@@ -231,11 +231,12 @@ class IngestSession:
         # worker-process coding (s4fs.workers): the bytes stay in the spool file
         self._proc = None
         self._gpu = None
-        if _device.pipeline(cfg.device) == "cuda":
+        if spool_path is not None and cfg.processes:
+            # the CPU worker processes, or the GPU worker process (s4fs.gpu_pool)
+            self._proc = _ProcessCoding(self, spool_path, base_file)
+        elif _device.pipeline(cfg.device) == "cuda":
             from s4fs.gpu_worker import GpuCoding
             self._gpu = GpuCoding(self, _BaseFile(base, base_file))
-        elif spool_path is not None and cfg.processes:
-            self._proc = _ProcessCoding(self, spool_path, base_file)
 
     # --- input -------------------------------------------------------------------------
 
@@ -525,16 +526,28 @@ class _Batch:
         self.result = None
 
 
+def coding_pool(cfg: IngestConfig):
+    """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
+    the CPU worker processes (s4fs.workers), or the GPU worker process (s4fs.gpu_pool)
+    where ``cfg.device`` puts the pipeline on the GPU."""
+    if _device.pipeline(cfg.device) == "cuda":
+        from s4fs import gpu_pool
+        return gpu_pool.pool(cfg.nice)
+    from s4fs import workers
+    return workers.pool(cfg.workers, cfg.nice)
+
+
 class _ProcessCoding:
     """The worker-process side of a session fed from a spool file (s4fs.workers): chunks
     become spool byte ranges, batched; the daemon keeps only hashes and positions."""
 
     def __init__(self, session: "IngestSession", spool_path: str,
                  base_file: str | None) -> None:
-        from s4fs import workers
         self.s = session
         self.cfg = session.cfg
-        self.pool = workers.pool(self.cfg.workers, self.cfg.nice)
+        self.pool = coding_pool(self.cfg)
+        self.batch_bytes = (self.cfg.gpu_batch_bytes if _device.pipeline(self.cfg.device)
+                            == "cuda" else self.cfg.batch_bytes)
         self.store_spec = pickle.dumps(session.store)
         self.spool = spool_path
         self._bases = _BaseFile(session._base, base_file)
@@ -598,7 +611,7 @@ class _ProcessCoding:
         b.items.append(Item(tuple(chunk.ranges), dtype, sum_, base, where))
         b.nbytes += chunk.length
         self._pending.append((stream, b, len(b.items) - 1, chunk.length, sum_, base))
-        if b.nbytes >= self.cfg.batch_bytes or len(b.items) >= 1024:
+        if b.nbytes >= self.batch_bytes or len(b.items) >= 1024:
             self._submit()
 
     def _submit(self) -> None:
@@ -607,7 +620,7 @@ class _ProcessCoding:
         if not b.items:
             return
         self._batch = _Batch()
-        while len(self._submitted) >= 2 * max(1, self.cfg.workers):
+        while len(self._submitted) >= self.pool.max_in_flight:
             self._drain_oldest()
         b.key = keys.new_pack_key()
         b.future = self.pool.submit(Job(self.store_spec, self.spool, b.key, tuple(b.items),

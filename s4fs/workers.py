@@ -233,6 +233,11 @@ class Pool:
         self._lock = threading.Lock()
         self._exec: ProcessPoolExecutor | None = None
 
+    @property
+    def max_in_flight(self) -> int:
+        """Batches one session keeps queued: two per worker."""
+        return 2 * max(1, self.workers)
+
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._exec is None:

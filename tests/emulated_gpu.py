@@ -15,13 +15,41 @@ import pytest
 
 def emulated_gpu(monkeypatch) -> dict:
     """Patch in the emulated GPU; returns a log: {"encode": [batch sizes], "decode": [...]}."""
-    from s4fs.codec import _device, gpu
-    from s4fs.codec.gpu import _decode, _emulate, _encode
-    from s4fs.codec.gpu._backend import EmulatedBackend
+    from s4fs.codec import _device
+    from s4fs.codec.gpu import _emulate
     if _emulate.compiler() is None:
         pytest.skip("no C++ compiler to emulate the GPU kernels")
-    emu = EmulatedBackend()
     log: dict = {"encode": [], "decode": []}
+    monkeypatch.setattr(_device, "pipeline", lambda device: "cuda")
+    for obj, name, value in _patches(log):
+        monkeypatch.setattr(obj, name, value)
+    return log
+
+
+def install_in_worker() -> None:
+    """The same emulation, for good, in a GPU worker process (``s4fs.gpu_pool.WORKER_INIT
+    = "emulated_gpu:install_in_worker"``)."""
+    for obj, name, value in _patches({"encode": [], "decode": []}):
+        setattr(obj, name, value)
+
+
+def install_broken_in_worker() -> None:
+    """A GPU worker whose GPU fails every batch it is asked to code (out of memory)."""
+    from s4fs.codec import gpu
+    install_in_worker()
+
+    def broken(items, **kw):
+        raise MemoryError("out of memory allocating 64 MiB on the device")
+    gpu.compress_many = broken
+
+
+def _patches(log: dict) -> list:
+    import numpy as np
+
+    from s4fs.codec import gpu
+    from s4fs.codec.gpu import _decode, _encode
+    from s4fs.codec.gpu._backend import EmulatedBackend
+    emu = EmulatedBackend()
 
     def compress_many(items, **kw):
         items = list(items)
@@ -32,10 +60,7 @@ def emulated_gpu(monkeypatch) -> dict:
         blobs = list(blobs)
         log["decode"].append(len(blobs))
         return _decode.decompress_many(blobs, bases, backend=emu, **kw)
-    import numpy as np
-    monkeypatch.setattr(_device, "pipeline", lambda device: "cuda")
-    monkeypatch.setattr(gpu, "host_buffer", lambda n: np.empty(n, dtype=np.uint8))
-    monkeypatch.setattr(gpu, "to_device", lambda host: host)
-    monkeypatch.setattr(gpu, "compress_many", compress_many)
-    monkeypatch.setattr(gpu, "decompress_many", decompress_many)
-    return log
+    return [(gpu, "host_buffer", lambda n: np.empty(n, dtype=np.uint8)),
+            (gpu, "to_device", lambda host: host),
+            (gpu, "compress_many", compress_many),
+            (gpu, "decompress_many", decompress_many)]

@@ -1,0 +1,304 @@
+"""The GPU worker process: the one process of a mount that owns the GPU.
+
+A mount's daemon moves bytes; it does not code them (:mod:`s4fs.workers`). When the mount
+codes on the GPU (``--device cuda``, or ``auto`` where ``s4fs.codec._device.pipeline``
+picks it), the same batches the CPU worker processes take — a file's chunks named by
+their byte ranges in its spool, a cold file's chunks to decode ahead into the decoded
+cache — go to one worker process that owns the GPU instead. There:
+
+* a batch to code is ``pread`` from the spool, its delta bases read (from the base
+  version's decoded copy, else the store), coded by one ``compress_many`` call on the
+  process's GPU thread with :mod:`s4fs.gpu_worker`'s rules (deltas, every chunk's
+  checksum taken from its blob's header as the device computed it and compared with the
+  daemon's, the CPU as a fallback), and its pack put in the store;
+* a batch to decode goes through ``s4fs.reader.decode_on_gpu`` (every blob checked) and
+  is written at its file offsets.
+
+A few threads in the worker overlap one batch's reads and writes with another's coding;
+only the GPU thread touches the device. Before, this ran on threads of the daemon, where
+every staging copy, ``pread`` and ``pwrite`` competed for the daemon's interpreter with
+the FUSE requests of the save or load it served: the cuda mount saved and cold-loaded
+slower than the CPU workers on the H200 box.
+
+Contract (the same as :class:`s4fs.workers.Pool`): :meth:`GpuPool.submit` (a
+:class:`~s4fs.workers.Job`, its Future holds a :class:`~s4fs.workers.JobResult`),
+:meth:`GpuPool.submit_decode` (a :class:`~s4fs.workers.DecodeJob`), :meth:`GpuPool.result`
+(raises :class:`~s4fs.workers.WorkerDied` when the process ended under a batch; the next
+submit starts a fresh one), ``max_in_flight`` (batches a session keeps queued), ``warm``,
+``pids``, ``close``. Memory: the worker holds at most ``THREADS`` batches on the host
+(``IngestConfig.gpu_batch_bytes`` raw each, plus their blobs) and the codec's device
+scratch of one batch at a time (about 4× the batch), on top of its CUDA context.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pickle
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from s4fs.errors import CodecError
+
+log = logging.getLogger("s4fs.workers")
+
+THREADS = 8            # batches the worker reads, codes or writes at once
+MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batch_bytes)
+
+# "module:function" run first in a new worker process (tests install the emulated GPU
+# there); None in normal use
+WORKER_INIT: str | None = None
+
+
+# --- the worker side ---------------------------------------------------------------------
+
+def code_batch(job) -> "JobResult":  # noqa: F821 - s4fs.workers.JobResult
+    """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
+    from s4fs import workers
+    from s4fs.gpu_worker import delta_prep, code_items
+    from s4fs.ingest import DELTA, FULL, SAME
+    fd = os.open(job.spool, os.O_RDONLY)
+    base_fd = None
+    if job.base_file is not None:
+        try:
+            base_fd = os.open(job.base_file, os.O_RDONLY)
+        except OSError:
+            base_fd = None
+    try:
+        datas = [workers._pread_all(fd, *it.ranges[0]) if len(it.ranges) == 1 else
+                 b"".join(workers._pread_all(fd, o, n) for o, n in it.ranges)
+                 for it in job.items]
+        prep = [delta_prep(data, it.base, it.checksum, job.cfg,
+                           lambda it=it: workers._base_bytes(job, it, base_fd))
+                for it, data in zip(job.items, datas)]
+        coded = code_items([(d, it.dtype, it.base) for d, it in zip(datas, job.items)],
+                           prep, job.cfg)
+        results, blobs, pos = [], [], 0
+        for it, (blob, base, sum_, _) in zip(job.items, coded):
+            if sum_ != it.checksum:
+                raise CodecError("internal error: the spool changed while its chunks were "
+                                 "being coded; the file was not stored")
+            if blob is None:
+                results.append(workers.ItemResult(SAME, 0, 0))
+                continue
+            results.append(workers.ItemResult(DELTA if base is not None else FULL, pos,
+                                              len(blob)))
+            blobs.append(blob)
+            pos += len(blob)
+        if blobs:
+            workers._open(job.store).put_parts(job.pack, blobs)
+        return workers.JobResult(tuple(results), pos)
+    finally:
+        os.close(fd)
+        if base_fd is not None:
+            os.close(base_fd)
+
+
+def decode_batch(job) -> int:
+    """Decode one batch of a cold file's chunks on the GPU into its decoded-cache copy
+    (runs in the GPU worker process)."""
+    from s4fs import workers
+    from s4fs.fill import decode_on_gpu_into
+    return decode_on_gpu_into(workers._source(job.store), job)
+
+
+def warm_up() -> int:
+    """Load CuPy and nvCOMP and code one small batch, so that the first save does not
+    wait for them; the worker's pid."""
+    from s4fs.codec import _device, gpu
+    gpu.require()
+    sample = bytes(range(256)) * 4096
+    _device.on_gpu_thread(gpu.compress_many, [(sample, "bfloat16")], out="bytes")
+    return os.getpid()
+
+
+_CALLS = {"code": code_batch, "decode": decode_batch, "warm": warm_up}
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it crosses a pipe intact, else a CodecError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:                       # noqa: BLE001 - any unpicklable error
+        return CodecError(f"{type(exc).__name__}: {exc}")
+
+
+def _serve(conn, nice: int, parent: int, init: str | None, threads: int) -> None:
+    """The worker process: run each request on a thread, send each answer back."""
+    from s4fs.workers import _init_worker
+    _init_worker(nice, parent)
+    if init:
+        mod, _, fn = init.partition(":")
+        getattr(importlib.import_module(mod), fn)()
+    send_lock = threading.Lock()
+
+    def answer(jid: int, fut: Future) -> None:
+        exc = fut.exception()
+        msg = (jid, True, fut.result()) if exc is None else (jid, False, _portable(exc))
+        try:
+            with send_lock:
+                conn.send(msg)
+        except (OSError, ValueError):       # the daemon is gone
+            os._exit(1)
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="s4fs-gpu-job") as pool:
+        while True:
+            try:
+                req = conn.recv()
+            except (EOFError, OSError):
+                break
+            if req is None:
+                break
+            jid, kind, job = req
+            pool.submit(_CALLS[kind], *job).add_done_callback(
+                lambda f, jid=jid: answer(jid, f))
+
+
+# --- the daemon side ---------------------------------------------------------------------
+
+class _Worker:
+    def __init__(self, proc, conn) -> None:
+        self.proc, self.conn = proc, conn
+        self.futures: dict[int, Future] = {}
+        self.send_lock = threading.Lock()
+
+
+class GpuPool:
+    """The GPU worker process, as a pool of one (started on first use, started again
+    after it died)."""
+
+    max_in_flight = MAX_IN_FLIGHT
+
+    def __init__(self, nice: int = 0, *, threads: int = THREADS,
+                 init: str | None = None) -> None:
+        import multiprocessing
+        self.nice, self.threads, self.init = nice, threads, init
+        # spawn, not fork: the daemon has threads (FUSE, trio, uploads)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._next = 0
+
+    def _start(self) -> _Worker:
+        ours, theirs = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, name="s4fs-gpu-worker", daemon=True,
+                                 args=(theirs, self.nice, os.getpid(), self.init,
+                                       self.threads))
+        proc.start()
+        theirs.close()
+        w = _Worker(proc, ours)
+        threading.Thread(target=self._receive, args=(w,), daemon=True,
+                         name="s4fs-gpu-answers").start()
+        return w
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            while True:
+                jid, ok, value = w.conn.recv()
+                with self._lock:
+                    fut = w.futures.pop(jid, None)
+                if fut is None or not fut.set_running_or_notify_cancel():
+                    continue
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+        except (EOFError, OSError):
+            pass
+        except Exception:                   # noqa: BLE001 - an answer that did not load
+            log.exception("the GPU worker sent an answer that could not be read")
+        with self._lock:
+            if self._worker is w:
+                self._worker = None
+            left, w.futures = w.futures, {}
+        for fut in left.values():
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(BrokenProcessPool("the GPU worker process ended"))
+        w.conn.close()
+        w.proc.join(timeout=5)
+
+    def _submit(self, kind: str, *args) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._worker is None:
+                self._worker = self._start()
+            w = self._worker
+            self._next += 1
+            jid = self._next
+            w.futures[jid] = fut
+        try:
+            with w.send_lock:
+                w.conn.send((jid, kind, args))
+        except (OSError, ValueError):
+            with self._lock:
+                w.futures.pop(jid, None)
+            fut.set_exception(BrokenProcessPool("the GPU worker process ended"))
+        return fut
+
+    def submit(self, job) -> Future:
+        return self._submit("code", job)
+
+    def submit_decode(self, job) -> Future:
+        return self._submit("decode", job)
+
+    def result(self, fut: Future, what: str, *, doing: str = "coding",
+               then: str = "this version was not stored and the previous one stays"):
+        from s4fs.workers import WorkerDied
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            raise WorkerDied(
+                f"the GPU worker process died while {doing} {what} (killed, or out of "
+                f"memory); {then}") from None
+
+    def warm(self) -> list[int]:
+        """Start the worker and load the GPU codec in it now; its pid. A machine whose
+        GPU codec cannot run logs why (every batch is then coded on the CPU there)."""
+        try:
+            return [self._submit("warm").result()]
+        except Exception as exc:            # noqa: BLE001 - reported, saves still work
+            log.warning("the GPU worker could not load the GPU codec: %s", exc)
+            return self.pids()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            w = self._worker
+        return [w.proc.pid] if w is not None and w.proc.is_alive() else []
+
+    def close(self) -> None:
+        with self._lock:
+            w, self._worker = self._worker, None
+        if w is None:
+            return
+        try:
+            w.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        w.proc.join(timeout=30)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join(timeout=5)
+
+
+_pool: GpuPool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool(nice: int = 0) -> GpuPool:
+    """The process-wide GPU worker (one per daemon, shared by every file)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = GpuPool(nice, init=WORKER_INIT)
+        return _pool
+
+
+def shutdown() -> None:
+    global _pool
+    with _pool_lock:
+        p, _pool = _pool, None
+    if p is not None:
+        p.close()

@@ -1,0 +1,207 @@
+"""The GPU worker process (s4fs.gpu_pool): a mount that codes on the GPU sends its spool
+batches and its decode-ahead batches to one process that owns the GPU, not to threads
+of the daemon. Here that process runs the emulated GPU (the real kernels compiled for
+the CPU, zlib for nvCOMP, the ``portable`` profile so any CPU reads the blobs back);
+on the H200 the same tests run with the real one (tests/test_gpu_save.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from emulated_gpu import emulated_gpu
+from s4fs import gpu_pool, workers
+from s4fs.codec import inspect
+from s4fs.errors import CodecError
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.ingest import IngestConfig
+from s4fs.spool import Spool
+from s4fs.stores import LocalStore
+from test_workers import (adversarial_state, read, read_cold_then_wait_for_the_copy,
+                          read_fresh, save, torch_bytes, torch_load_pattern)
+
+GPU = dict(processes=True, workers=2, device="cuda", gpu_profile="portable",
+           gpu_batch_bytes=2 << 20)
+
+
+@pytest.fixture(autouse=True)
+def _emulated(monkeypatch):
+    emulated_gpu(monkeypatch)
+    monkeypatch.setattr(gpu_pool, "WORKER_INIT", "emulated_gpu:install_in_worker")
+    gpu_pool.shutdown()
+    workers.shutdown()
+    yield
+    gpu_pool.shutdown()
+    workers.shutdown()
+
+
+def make_fs(tmp_path, name="cache", **over) -> Filesystem:
+    return Filesystem(LocalStore(str(tmp_path / "store")),
+                      FsConfig(ingest=IngestConfig(**{**GPU, **over}),
+                               cache_dir=str(tmp_path / name)))
+
+
+def plane_codecs(fs, m) -> set[str]:
+    return {p["codec"] for st in m.streams if st.kind == "tensor" for c in st.chunks
+            for p in inspect(fs.source.fetch_blob(c)).planes}
+
+
+def test_coded_in_the_gpu_process_exact_with_deltas(tmp_path):
+    """Every dtype, a delta series: the chunks are coded by the GPU worker process (its
+    nvCOMP-Deflate planes, which the CPU path never writes; no CPU worker started), and
+    every version reads back exactly, here and on a node with no GPU."""
+    fs = make_fs(tmp_path)
+    sd = adversarial_state(1)
+    series, ms = [], []
+    try:
+        for step in range(3):
+            series.append(torch_bytes(sd))
+            ms.append(save(fs, "ckpt.pt", series[-1], keep=step == 1))
+            sd["f32"][: 1000 * (step + 1)] += 0.001
+            sd["bf16"][::97] = 1.0
+        assert "nvcomp-deflate" in plane_codecs(fs, ms[0])
+        pids = gpu_pool.pool().pids()
+        assert pids and os.getpid() not in pids
+        assert workers._pool is None, "the CPU workers should not have been started"
+        assert len(ms[0].own_packs) >= 2                       # batches of 2 MiB
+        for m in ms[1:]:
+            assert m.base is not None and m.stored_bytes() < len(series[0]) // 2
+        assert read(fs, "ckpt.pt") == series[-1]
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "ckpt.pt") == series[-1]
+
+
+@pytest.mark.parametrize("size", [0, 1, (2 << 20) + 3, (9 << 20) + 5])
+def test_raw_bytes_round_trip(tmp_path, size):
+    fs = make_fs(tmp_path)
+    try:
+        data = os.urandom(size)
+        save(fs, "blob.bin", data)
+        assert read(fs, "blob.bin") == data
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "blob.bin") == data
+
+
+def test_spool_changed_under_the_gpu_worker_fails_not_stored(tmp_path):
+    """The device's checksum of what it coded is compared with the daemon's: a spool
+    that changed behind the session's back fails the save; the old version stays."""
+    fs = make_fs(tmp_path)
+    try:
+        data = torch_bytes(adversarial_state())
+        save(fs, "ckpt.pt", data)
+        sp = Spool(fs.spool_dir, "ckpt.pt")
+        new = torch_bytes(adversarial_state(5))
+        sp.write(0, new)
+        s = fs.new_session("ckpt.pt", None, sp.name)
+        pos = 0
+        while pos < len(new):
+            piece = sp.read(pos, 1 << 20)
+            s.write(piece, stable=True)
+            pos += len(piece)
+        sp.write(len(new) // 2, b"\x00" * 8192)
+        with pytest.raises(CodecError, match="changed"):
+            s.finish()
+        s.abort()
+        sp.close()
+        assert read(fs, "ckpt.pt") == data
+    finally:
+        fs.close()
+
+
+def test_a_killed_gpu_worker_fails_that_save_and_the_next_one_works(tmp_path):
+    fs = make_fs(tmp_path, gpu_batch_bytes=64 << 20)
+    try:
+        g = torch.Generator().manual_seed(3)
+        data = torch_bytes({f"t{i}": torch.randn(4 << 20, generator=g) for i in range(5)})
+        sp = Spool(fs.spool_dir, "ckpt.pt")
+        sp.write(0, data)
+        s = fs.new_session("ckpt.pt", None, sp.name)
+        s.write(sp.read(0, 70 << 20), stable=True)      # one 64 MiB batch goes out
+        inflight = s._proc._submitted[0].future
+        assert not inflight.done(), "the batch finished before the kill; make it larger"
+        for pid in gpu_pool.pool().pids():
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(workers.WorkerDied, match="GPU worker process died while coding"):
+            s.write(sp.read(70 << 20, len(data)), stable=True)
+            s.finish()
+        s.abort()
+        sp.close()
+        assert not fs.exists("ckpt.pt")
+        save(fs, "ckpt.pt", data)                        # a fresh worker takes over
+        assert read_fresh(tmp_path, "ckpt.pt") == data
+    finally:
+        fs.close()
+
+
+def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch):
+    """Out of device memory in the worker: each batch is coded on the CPU there instead;
+    the save succeeds and reads back exactly."""
+    monkeypatch.setattr(gpu_pool, "WORKER_INIT", "emulated_gpu:install_broken_in_worker")
+    fs = make_fs(tmp_path)
+    try:
+        data = torch_bytes(adversarial_state(2))
+        m = save(fs, "ckpt.pt", data)
+        assert "nvcomp-deflate" not in plane_codecs(fs, m)
+        assert read(fs, "ckpt.pt") == data
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "ckpt.pt") == data
+
+
+def test_cold_file_decoded_ahead_in_the_gpu_process(tmp_path):
+    """A node whose mount codes on the GPU decodes a cold file ahead in the GPU worker
+    (through a delta chain): exact bytes, then kept as the decoded-cache entry."""
+    fs = make_fs(tmp_path)
+    sd = adversarial_state(2)
+    series = []
+    try:
+        for step in range(3):
+            series.append(torch_bytes(sd))
+            save(fs, "ckpt.pt", series[-1])
+            sd["f32"][::7] += 1
+    finally:
+        fs.close()
+    gpu_pool.shutdown()
+    other = make_fs(tmp_path, "cold")
+    try:
+        m = other.manifest("ckpt.pt")
+        assert m.base is not None
+        read_cold_then_wait_for_the_copy(other, m, series[-1])
+        assert gpu_pool.pool().pids(), "the GPU worker did not decode ahead"
+        assert workers._pool is None
+        with open(other.decoded.path_of(m.id), "rb") as f:
+            assert f.read() == series[-1]
+    finally:
+        other.close()
+
+
+def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path, caplog):
+    from s4fs.errors import ChecksumError
+    fs = make_fs(tmp_path)
+    try:
+        m = save(fs, "ckpt.pt", torch_bytes(adversarial_state(5)))
+    finally:
+        fs.close()
+    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
+              key=lambda c: c.stored)
+    store = LocalStore(str(tmp_path / "store"))
+    pack = bytearray(store.get(ref.pack))
+    pack[ref.offset + ref.stored // 2] ^= 0x40
+    store.put(ref.pack, bytes(pack))
+    other = make_fs(tmp_path, "cold")
+    try:
+        r = other.open_read("ckpt.pt")
+        try:
+            with caplog.at_level("WARNING", logger="s4fs.fill"), \
+                    pytest.raises(ChecksumError):
+                torch_load_pattern(r, r.size)
+        finally:
+            r.release()
+        assert other.decoded.path_of(m.id) is None
+    finally:
+        other.close()
