@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -23,6 +23,11 @@ S4FS_BENCH_WEIGHTS=$W run 90 python3 "$R/bench/ingest.py" --workers 1,4,16 --gib
 elif [ "$1" = workers ]; then     # coding in worker processes: tests, then the sweep
 run 240 $T "$R/tests/test_workers.py"
 S4FS_BENCH_WEIGHTS=$W run 330 python3 "$R/bench/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 1
+elif [ "$1" = devices ]; then      # the GPU tests, then cpu and cuda mounts alternately
+run 240 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_gpu.py"
+for d in cpu cuda cpu cuda; do
+run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device $d --work /tmp
+done
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else

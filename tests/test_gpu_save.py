@@ -175,16 +175,21 @@ def test_async_save_device_oom_while_coding_is_in_the_future_and_commits_nothing
 
 # --------------------------------------------------------------------------- GPU worker
 
-def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path):
+@pytest.mark.parametrize("processes", [False, True], ids=["in-process", "gpu-process"])
+def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processes):
     """The data pipeline's GPU worker on a real GPU: a series of torch files (CPU state,
     as the mount receives it) coded in batches on the device, deltas from the second on,
-    read back exactly here and on a cold node that decodes ahead on the GPU."""
+    read back exactly here and on a cold node that decodes ahead on the GPU. With
+    ``processes`` (as a mount runs) in the GPU worker process, fed from spool files."""
     import io
 
+    from s4fs import gpu_pool
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.ingest import IngestConfig
     from s4fs.stores import LocalStore
-    cfg = FsConfig(ingest=IngestConfig(device="cuda", gpu_batch_bytes=8 << 20),
+    gpu_pool.shutdown()
+    cfg = FsConfig(ingest=IngestConfig(device="cuda", gpu_batch_bytes=8 << 20,
+                                       processes=processes),
                    cache_dir=str(tmp_path / "cache"))
     fs = Filesystem(LocalStore(str(tmp_path / "store")), cfg)
     sd = {k: v.cpu() for k, v in _state().items() if hasattr(v, "cpu")}
@@ -197,10 +202,13 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path):
             b = io.BytesIO()
             torch.save(sd, b)
             series.append(b.getvalue())
-            h = fs.open_write(f"run/ckpt_{step}.pt")
-            h.write(0, series[-1])
-            h.flush()
-            h.release()
+            if processes:
+                _save_from_spool(fs, f"run/ckpt_{step}.pt", series[-1])
+            else:
+                h = fs.open_write(f"run/ckpt_{step}.pt")
+                h.write(0, series[-1])
+                h.flush()
+                h.release()
             for k in list(sd):
                 if sd[k].is_floating_point() and sd[k].numel():
                     t = sd[k].contiguous().clone()
@@ -217,8 +225,9 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path):
             r.release()
     finally:
         fs.close()
+    gpu_pool.shutdown()
     cold = Filesystem(LocalStore(str(tmp_path / "store")),
-                      FsConfig(ingest=IngestConfig(device="cuda"),
+                      FsConfig(ingest=IngestConfig(device="cuda", processes=processes),
                                cache_dir=str(tmp_path / "cold")))
     try:
         data = series[-1]
@@ -230,8 +239,28 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path):
         assert r._fill is not None or r._fd is not None, "no decode ahead started"
         r.release()
         assert bytes(got) == data and tail == data[-22:]
+        if processes:
+            assert gpu_pool.pool().pids(), "the GPU worker process decoded nothing"
     finally:
         cold.close()
+        gpu_pool.shutdown()
+
+
+def _save_from_spool(fs, path: str, data: bytes) -> None:
+    """Save as the mount does: the bytes in a spool file, the session fed its prefix
+    (so the chunks go to the GPU worker process as spool ranges), then the commit."""
+    from s4fs.spool import Spool
+    sp = Spool(fs.spool_dir, path)
+    sp.write(0, data)
+    s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)
+    assert s._proc is not None, "the session should code in the GPU worker process"
+    pos = 0
+    while pos < len(data):
+        piece = sp.read(pos, 1 << 20)
+        s.write(piece, stable=True)
+        pos += len(piece)
+    fs.commit(path, s.finish())
+    sp.close()
 
 
 def _planes_of(fs, ref):
