@@ -91,6 +91,7 @@ def mounts_at(mountpoint: str) -> list[MountEntry]:
 
 
 READAHEAD_KB = 16384
+GPU_WARM_SECONDS = 120.0     # at most this long for the GPU worker to load its codec
 
 
 def _raise_readahead(mountpoint: str, kb: int = READAHEAD_KB) -> None:
@@ -196,11 +197,18 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     ingest = fs.cfg.ingest
     if ingest.processes:
-        # start the coding worker processes (or the GPU worker, its codec loaded) now,
-        # beside the mount: the first save should not wait for them
+        # start the coding worker processes now, beside the mount: the first save should
+        # not wait for interpreters to start. The GPU worker is started before the mount
+        # is ready: loading CuPy, nvCOMP and a CUDA context takes seconds, which the
+        # first save or cold load would otherwise wait for.
+        from s4fs.codec import _device
         from s4fs.ingest import coding_pool
-        threading.Thread(target=coding_pool(ingest).warm, daemon=True,
-                         name="s4fs-workers-start").start()
+        coders = coding_pool(ingest)
+        if _device.pipeline(ingest.device) == "cuda":
+            coders.warm(timeout=GPU_WARM_SECONDS)
+        else:
+            threading.Thread(target=coders.warm, daemon=True,
+                             name="s4fs-workers-start").start()
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
     opts.add("fsname=" + (source or fs.store.url).replace(",", "%2C"))

@@ -105,12 +105,16 @@ def decode_batch(job) -> int:
 
 
 def warm_up() -> int:
-    """Load CuPy and nvCOMP and code one small batch, so that the first save does not
-    wait for them; the worker's pid."""
+    """Load CuPy and nvCOMP, code and decode one small batch, so that the first save or
+    cold load does not wait for them; the worker's pid."""
     from s4fs.codec import _device, gpu
     gpu.require()
     sample = bytes(range(256)) * 4096
-    _device.on_gpu_thread(gpu.compress_many, [(sample, "bfloat16")], out="bytes")
+
+    def round_trip():
+        blobs = gpu.compress_many([(sample, "bfloat16")], out="bytes")
+        gpu.decompress_many(blobs, out="host")
+    _device.on_gpu_thread(round_trip)
     return os.getpid()
 
 
@@ -254,11 +258,12 @@ class GpuPool:
                 f"the GPU worker process died while {doing} {what} (killed, or out of "
                 f"memory); {then}") from None
 
-    def warm(self) -> list[int]:
-        """Start the worker and load the GPU codec in it now; its pid. A machine whose
-        GPU codec cannot run logs why (every batch is then coded on the CPU there)."""
+    def warm(self, timeout: float | None = None) -> list[int]:
+        """Start the worker and load the GPU codec in it now (waiting at most
+        ``timeout`` seconds); its pid. A GPU codec that cannot load there is logged
+        (batches are then coded on the CPU in the worker)."""
         try:
-            return [self._submit("warm").result()]
+            return [self._submit("warm").result(timeout)]
         except Exception as exc:            # noqa: BLE001 - reported, saves still work
             log.warning("the GPU worker could not load the GPU codec: %s", exc)
             return self.pids()

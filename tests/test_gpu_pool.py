@@ -89,8 +89,9 @@ def test_raw_bytes_round_trip(tmp_path, size):
 
 def test_spool_changed_under_the_gpu_worker_fails_not_stored(tmp_path):
     """The device's checksum of what it coded is compared with the daemon's: a spool
-    that changed behind the session's back fails the save; the old version stays."""
-    fs = make_fs(tmp_path)
+    that changed behind the session's back fails the save; the old version stays. (One
+    batch for the whole file, sent at finish(): the change always comes before it.)"""
+    fs = make_fs(tmp_path, gpu_batch_bytes=256 << 20)
     try:
         data = torch_bytes(adversarial_state())
         save(fs, "ckpt.pt", data)
