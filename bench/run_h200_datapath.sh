@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -28,6 +28,11 @@ run 240 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/tes
 run 60 python3 -c "import time; from s4fs import gpu_pool; t = time.time(); gpu_pool.pool().warm(); print('GPU worker started and warm in %.2f s' % (time.time() - t)); gpu_pool.shutdown()"
 for d in cpu cuda cpu cuda; do
 run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device $d --work /tmp
+done
+elif [ "$1" = devices-loads ]; then   # the codec's chunk split, then loads with 3 repeats
+run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default,default:chunk=262144
+for d in cpu cuda; do
+run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
