@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -34,9 +34,27 @@ run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 
 for d in cpu cuda; do
 run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
+elif [ "$1" = devices-fill ]; then   # decode ahead alone, its knobs, then the mounts
+run 60 python3 -c "
+import threading, time
+from s4fs.codec.gpu._backend import CudaBackend, pinned_host
+def make(out):
+    t = time.perf_counter(); CudaBackend(); out.append(time.perf_counter() - t)
+for k in range(3):
+    out = []; th = threading.Thread(target=make, args=(out,)); th.start(); th.join()
+    t = time.perf_counter(); pinned_host(16 << 20); p = time.perf_counter() - t
+    print('a codec backend on a new thread: %.1f ms; 16 MiB pinned: %.2f ms' % (1e3 * out[0], 1e3 * p))
+"
+run 200 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py"
+run 120 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cpu,cuda
+run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cuda --gpu-fill-batch 64 --gpu-threads 4
+run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cuda --gpu-fill-batch 8 --gpu-threads 16
+for d in cpu cuda; do
+run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
+done
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else
 run 200 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam
 fi
-grep -E "^(===|\||#|[0-9]+ passed|FAILED)" "$LOG" | tail -60
+grep -E "^(===|\||#|[0-9]+ passed|FAILED|a codec backend)" "$LOG" | tail -60

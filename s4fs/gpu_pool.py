@@ -297,7 +297,7 @@ def pool(nice: int = 0) -> GpuPool:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = GpuPool(nice, init=WORKER_INIT)
+            _pool = GpuPool(nice, threads=THREADS, init=WORKER_INIT)
         return _pool
 
 

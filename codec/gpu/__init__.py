@@ -125,9 +125,11 @@ def xxh3_128_pieces(pieces: list, size: int, *, device: int | None = None) -> st
 
 def host_buffer(nbytes: int):
     """A uint8 NumPy array in pinned (page-locked) host memory, from CuPy's pool: reads
-    land there and go up to the device in one copy."""
-    from ._backend import cuda_backend
-    return cuda_backend().pinned(nbytes)[: max(int(nbytes), 0)]
+    land there and go up to the device in one copy. Any thread may ask: no codec
+    backend (a stream and the kernels' module, per thread) is made for it — the decode
+    ahead asks from a new reader thread for every batch."""
+    from ._backend import pinned_host
+    return pinned_host(nbytes)[: max(int(nbytes), 0)]
 
 
 def to_device(host):

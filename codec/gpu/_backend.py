@@ -101,8 +101,7 @@ class CudaBackend:
         return int(arr.data.ptr)
 
     def pinned(self, nbytes: int) -> np.ndarray:
-        mem = self.cp.cuda.alloc_pinned_memory(max(int(nbytes), 1))
-        return np.frombuffer(mem, dtype=np.uint8, count=max(int(nbytes), 1))
+        return pinned_host(nbytes)
 
     def upload(self, dst, offset: int, host: np.ndarray) -> None:
         """Asynchronous host-to-device copy of ``host`` at ``offset``. Small pageable
@@ -432,6 +431,13 @@ _LIVE: "weakref.WeakSet[CudaBackend]" = weakref.WeakSet()
 def _release_all() -> None:
     for b in list(_LIVE):
         b.release()
+
+
+def pinned_host(nbytes: int) -> np.ndarray:
+    """``nbytes`` (at least one) of pinned host memory from CuPy's pool, as uint8."""
+    import cupy
+    mem = cupy.cuda.alloc_pinned_memory(max(int(nbytes), 1))
+    return np.frombuffer(mem, dtype=np.uint8, count=max(int(nbytes), 1))
 
 
 def cuda_backend(device_id: int | None = None) -> CudaBackend:
