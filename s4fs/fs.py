@@ -101,9 +101,17 @@ class Filesystem:
             from s4fs.filecache import DecodedCache
             self.decoded = DecodedCache(os.path.join(self.cache_dir, "decoded"),
                                         self.cfg.decoded_cache_bytes)
-        # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate)
+        # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate);
+        # on a mount whose pipeline is the GPU worker process, there (the daemon itself
+        # never loads CUDA)
+        ingest = self.cfg.ingest
+        self._gpu_worker = ingest.processes and _device.pipeline(ingest.device) == "cuda"
+        offload = None
+        if self._gpu_worker:
+            from s4fs import gpu_pool
+            offload = lambda blob, base: gpu_pool.pool(ingest.nice).decode_blob(blob, base)  # noqa: E731
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
-                                  device="auto", blob_cache=self.pack_cache)
+                                  device="auto", blob_cache=self.pack_cache, offload=offload)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._gen = 0                       # bumped by every change made on this mount
@@ -506,7 +514,7 @@ class Filesystem:
                 return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
                                   manifest=m, on_bad=lambda: self.decoded.discard(m.id))
         return ReadHandle(FileReader(m, self.source, path=path), path=path, manifest=m,
-                          fill_fn=lambda: self.fill_for(m))
+                          fill_fn=lambda: self.fill_for(m), fill_at_once=self._gpu_worker)
 
     def fill_for(self, m: Manifest):
         """Decode version ``m`` ahead into the decoded cache, in the worker processes or

@@ -104,6 +104,14 @@ def decode_batch(job) -> int:
     return decode_on_gpu_into(workers._source(job.store), job)
 
 
+def decode_blob(blob: bytes, base: bytes | None) -> bytes:
+    """One chunk the daemon reads itself (a small file, a read outside a decode
+    ahead): decoded on the GPU thread, checked against its checksum."""
+    from s4fs import codec
+    from s4fs.codec import _device
+    return _device.on_gpu_thread(codec.decompress, blob, base=base, device="auto")
+
+
 def warm_up() -> int:
     """Load CuPy and nvCOMP, code and decode one small batch, so that the first save or
     cold load does not wait for them; the worker's pid."""
@@ -118,7 +126,8 @@ def warm_up() -> int:
     return os.getpid()
 
 
-_CALLS = {"code": code_batch, "decode": decode_batch, "warm": warm_up}
+_CALLS = {"code": code_batch, "decode": decode_batch, "blob": decode_blob,
+          "warm": warm_up}
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -247,6 +256,12 @@ class GpuPool:
 
     def submit_decode(self, job) -> Future:
         return self._submit("decode", job)
+
+    def decode_blob(self, blob: bytes, base: bytes | None) -> bytes:
+        """The raw bytes of one chunk, decoded in the worker (the daemon's own reads of
+        GPU-coded chunks)."""
+        return self.result(self._submit("blob", bytes(blob), base), "a chunk",
+                           doing="decoding", then="the read fails; try it again")
 
     def result(self, fut: Future, what: str, *, doing: str = "coding",
                then: str = "this version was not stored and the previous one stays"):

@@ -44,6 +44,11 @@ def _corrupt(what: str):
         raise ChecksumError(f"{what} is corrupt: {exc}") from None
 
 
+def _gpu_planes(blob) -> bool:
+    """Whether ``blob`` has planes coded by nvCOMP (decoded on a GPU)."""
+    return any(p.codec_id >= 16 for p in _container.unpack(blob, whole=False).planes)
+
+
 class WholeFileHash:
     """The whole-file hash of a version, extended over bytes read in order from offset 0;
     ``see`` returns False once the end is reached and the hash does not match (True
@@ -162,9 +167,12 @@ def _groups(refs: list, limit: int):
 
 class ChunkSource:
     def __init__(self, store: Store, *, cache_bytes: int = 256 << 20, device: str = "auto",
-                 workers: int = 0, blob_cache=None) -> None:
+                 workers: int = 0, blob_cache=None, offload=None) -> None:
         self.store = store
         self.device = device
+        # offload(blob, base bytes) -> raw bytes: where blobs with nvCOMP planes decode
+        # when this process should not touch the GPU (a mount's daemon: its GPU worker)
+        self.offload = offload
         self.cache_bytes = cache_bytes
         self.blob_cache = blob_cache      # optional local cache of packs (delta bases)
         self._lru: OrderedDict[tuple, bytes] = OrderedDict()
@@ -264,6 +272,12 @@ class ChunkSource:
         blob = self.check_blob(ref, self.fetch_blob(ref))
         base = self.get(ref.base) if ref.base is not None else None
         with _corrupt(f"chunk at {ref.pack}@{ref.offset}"):
+            if self.offload is not None and _gpu_planes(blob):
+                data = self.offload(blob, base)
+                if len(data) != ref.raw:
+                    raise ChecksumError(f"chunk at {ref.pack}@{ref.offset} decoded to "
+                                        f"{len(data)} bytes, not {ref.raw}")
+                return data
             return codec.decompress(blob, base=base, device=self.device)
 
     def prefetch(self, refs) -> None:
@@ -385,7 +399,8 @@ class ReadHandle:
 
     def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
                  size_fn=None, path: str = "", manifest: Manifest | None = None,
-                 on_bad=None, fill_fn=None, version: str | None = None):
+                 on_bad=None, fill_fn=None, version: str | None = None,
+                 fill_at_once: bool = False):
         self._reader = reader
         self._fd = staged_fd
         self._size_fn = size_fn
@@ -400,6 +415,10 @@ class ReadHandle:
         # a cold file: decoded ahead by the worker processes once torch.load's pattern
         # shows (s4fs.fill), read from that copy as its batches land
         self._fill_fn = fill_fn
+        # start the decode ahead at the first read, not at torch.load's pattern (a mount
+        # that codes on the GPU: every chunk its daemon decoded itself would be a trip
+        # to the GPU worker; the whole file is read next anyway)
+        self._fill_at_once = fill_at_once
         self._fill = None
         self._fill_lock = threading.Lock()      # FUSE may read one handle from threads
         self._dead_fds: list[int] = []
@@ -435,7 +454,8 @@ class ReadHandle:
     def _start_fill(self, offset: int, n: int) -> None:
         """torch.load's pattern: the tail first (the zip directory), or a few MiB read."""
         size = self._reader.size
-        if offset + n < size - (64 << 10) and self.nbytes + n < (8 << 20):
+        if not self._fill_at_once and offset + n < size - (64 << 10) and \
+                self.nbytes + n < (8 << 20):
             return
         with self._fill_lock:
             if self._fill_fn is None:

@@ -206,3 +206,65 @@ def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path
         assert other.decoded.path_of(m.id) is None
     finally:
         other.close()
+
+
+def test_a_cold_read_at_the_head_starts_the_decode_ahead_at_once(tmp_path):
+    """torch.load reads 4 bytes at 0 before the tail: on a GPU mount that first read
+    already starts the decode ahead (the daemon decodes nothing itself)."""
+    fs = make_fs(tmp_path)
+    try:
+        data = torch_bytes(adversarial_state(6))
+        save(fs, "ckpt.pt", data)
+    finally:
+        fs.close()
+    other = make_fs(tmp_path, "cold")
+    try:
+        r = other.open_read("ckpt.pt")
+        try:
+            assert r.read(0, 4) == data[:4]
+            assert r._fill is not None, "the first read should start the decode ahead"
+            assert torch_load_pattern(r, r.size) == data
+        finally:
+            r.release()
+    finally:
+        other.close()
+
+
+def test_the_daemons_own_reads_of_gpu_chunks_decode_in_the_worker(tmp_path, monkeypatch):
+    """A small file (no decode ahead) saved through the GPU worker is read back by a
+    fresh node: its GPU-coded chunks are decoded by the GPU worker, not in this process,
+    and come back exact; a corrupt one is an error, never wrong bytes."""
+    from s4fs.errors import ChecksumError
+    asked = []
+    real = gpu_pool.GpuPool.decode_blob
+
+    def counting(self, blob, base):
+        asked.append(len(blob))
+        return real(self, blob, base)
+    monkeypatch.setattr(gpu_pool.GpuPool, "decode_blob", counting)
+    fs = make_fs(tmp_path)
+    try:
+        g = torch.Generator().manual_seed(4)
+        data = torch_bytes({"w": torch.randn(600_000, generator=g)})     # ~2.4 MB
+        m = save(fs, "small.pt", data)
+    finally:
+        fs.close()
+    assert "nvcomp-deflate" in plane_codecs(fs, m)
+    other = make_fs(tmp_path, "cold")
+    try:
+        assert read(other, "small.pt") == data
+        assert asked, "the chunks were decoded in the daemon, not in the GPU worker"
+    finally:
+        other.close()
+    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
+              key=lambda c: c.stored)
+    store = LocalStore(str(tmp_path / "store"))
+    pack = bytearray(store.get(ref.pack))
+    pack[ref.offset + ref.stored - 5] ^= 0x01
+    store.put(ref.pack, bytes(pack))
+    third = make_fs(tmp_path, "third")
+    try:
+        with pytest.raises(ChecksumError):
+            read(third, "small.pt")
+    finally:
+        third.close()
