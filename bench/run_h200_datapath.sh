@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -49,6 +49,11 @@ run 200 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py"
 run 120 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cpu,cuda
 run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cuda --gpu-fill-batch 64 --gpu-threads 4
 run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 3 --devices cuda --gpu-fill-batch 8 --gpu-threads 16
+for d in cpu cuda; do
+run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
+done
+elif [ "$1" = devices-final ]; then  # the GPU tests, then one cpu and one cuda mount
+run 200 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py"
 for d in cpu cuda; do
 run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
