@@ -49,6 +49,17 @@ def plane_codecs(fs, m) -> set[str]:
             for p in inspect(fs.source.fetch_blob(c)).planes}
 
 
+def flip_in_largest_chunk(tmp_path, m, where, bit: int) -> None:
+    """Flip ``bit`` of one stored byte (``where(ref)`` into the blob) of the file's
+    largest tensor chunk, in the store."""
+    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
+              key=lambda c: c.stored)
+    store = LocalStore(str(tmp_path / "store"))
+    pack = bytearray(store.get(ref.pack))
+    pack[ref.offset + where(ref)] ^= bit
+    store.put(ref.pack, bytes(pack))
+
+
 def test_coded_in_the_gpu_process_exact_with_deltas(tmp_path):
     """Every dtype, a delta series: the chunks are coded by the GPU worker process (its
     nvCOMP-Deflate planes, which the CPU path never writes; no CPU worker started), and
@@ -188,12 +199,7 @@ def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path
         m = save(fs, "ckpt.pt", torch_bytes(adversarial_state(5)))
     finally:
         fs.close()
-    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
-              key=lambda c: c.stored)
-    store = LocalStore(str(tmp_path / "store"))
-    pack = bytearray(store.get(ref.pack))
-    pack[ref.offset + ref.stored // 2] ^= 0x40
-    store.put(ref.pack, bytes(pack))
+    flip_in_largest_chunk(tmp_path, m, lambda ref: ref.stored // 2, 0x40)
     other = make_fs(tmp_path, "cold")
     try:
         r = other.open_read("ckpt.pt")
@@ -256,12 +262,7 @@ def test_the_daemons_own_reads_of_gpu_chunks_decode_in_the_worker(tmp_path, monk
         assert asked, "the chunks were decoded in the daemon, not in the GPU worker"
     finally:
         other.close()
-    ref = max((c for s in m.streams if s.kind == "tensor" for c in s.chunks),
-              key=lambda c: c.stored)
-    store = LocalStore(str(tmp_path / "store"))
-    pack = bytearray(store.get(ref.pack))
-    pack[ref.offset + ref.stored - 5] ^= 0x01
-    store.put(ref.pack, bytes(pack))
+    flip_in_largest_chunk(tmp_path, m, lambda ref: ref.stored - 5, 0x01)
     third = make_fs(tmp_path, "third")
     try:
         with pytest.raises(ChecksumError):
