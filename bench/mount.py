@@ -135,8 +135,21 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def print_fill_log(cache: str, took: float) -> None:
+    """The daemon's account of a fresh node's decode ahead (``--daemon-log``)."""
+    try:
+        with open(os.path.join(cache, "s4fs-mount.log")) as f:
+            lines = [ln.rstrip() for ln in f if "ahead" in ln]
+    except OSError:
+        return
+    print(f"# fresh-node load {took:.2f} s; the daemon's log says:", flush=True)
+    for ln in lines:
+        print("#   " + ln, flush=True)
+
+
 def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
-             device: str, loads: int, workers: int | None = None) -> dict:
+             device: str, loads: int, workers: int | None = None,
+             daemon_log: bool = False) -> dict:
     import torch
     tag = mode
     mnt, local = os.path.join(work, f"mnt-{tag}"), os.path.join(work, f"local-{tag}")
@@ -145,6 +158,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     for d in (mnt, local, cache):
         os.makedirs(d, exist_ok=True)
     flags = ["--cache-dir", cache, "--device", device, "--gc-interval", "0"]
+    if daemon_log:
+        flags.append("--verbose")
     if workers is not None:
         flags += ["--workers", str(workers)]
     if mode == "writeback":
@@ -196,6 +211,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                     res["cold_m"] = res["fresh_m"] = res["cold_l"] = []
                     return res
                 res[kind].append(timed(lambda: torch.load(pm)))
+                if daemon_log and kind == "fresh_m":
+                    print_fill_log(c, res[kind][-1])
                 if kind == "cold_m":
                     drop_caches()
                     res["cold_l"].append(timed(lambda: torch.load(pl)))
@@ -235,6 +252,9 @@ def main(argv=None) -> int:
                     help="the mount's coding worker processes (default: one per core; "
                          "0: code in the daemon's threads, the old path)")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
+    ap.add_argument("--daemon-log", action="store_true",
+                    help="mount with --verbose and print the daemon's account of each "
+                         "fresh node's decode ahead (per batch on a GPU mount)")
     args = ap.parse_args(argv)
     from _common import machine, table
     t0 = time.perf_counter()
@@ -245,7 +265,8 @@ def main(argv=None) -> int:
     rows = []
     try:
         for mode in args.modes.split(","):
-            r = run_mode(mode, cks, work, args.store, args.device, args.loads, args.workers)
+            r = run_mode(mode, cks, work, args.store, args.device, args.loads, args.workers,
+                         args.daemon_log)
             def ratio(a, b):
                 return f"{med(r[a]):.2f} / {med(r[b]):.2f} = {med(r[a]) / med(r[b]):.2f}x" \
                     if r.get(a) and r.get(b) else "-"

@@ -24,6 +24,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
@@ -158,6 +159,8 @@ class Fill:
         self.failed: BaseException | None = None
         self._left = 0
         self._on_done = on_done
+        self._started = time.monotonic()
+        self._first: float | None = None       # when the first batch landed
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, m.size)
@@ -173,7 +176,7 @@ class Fill:
                        key=lambda b: max(p[1] + p[2] for _, ps in batches[b] for p in ps))
             batches.insert(0, batches.pop(last))
         spec = pickle.dumps(store)
-        self._left = len(batches)
+        self._left = self._batches = len(batches)
         if not batches:
             self._finish()
             return
@@ -199,6 +202,8 @@ class Fill:
             else:
                 for lo, hi in ranges:
                     self._done.add(lo, hi)
+                if self._first is None:
+                    self._first = time.monotonic() - self._started
             self._left -= 1
             last = self._left == 0
             self._cond.notify_all()
@@ -224,6 +229,10 @@ class Fill:
     def _finish(self) -> None:
         """Every batch is in: check the whole copy, then hand it to the decoded cache."""
         ok = self.failed is None and self._hash_ok()
+        if ok and self._batches:
+            log.info("decoded %s ahead: %d batches, %.1f MiB in %.2f s (the first landed "
+                     "after %.2f s)", self.m.id, self._batches, self.m.size / 2**20,
+                     time.monotonic() - self._started, self._first or 0.0)
         if ok:
             ok = self.cache.adopt_file(self.m.id, self.path, self.m.size)
         else:

@@ -37,12 +37,13 @@ import logging
 import os
 import pickle
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from s4fs.errors import CodecError
 
-log = logging.getLogger("s4fs.workers")
+log = logging.getLogger("s4fs.gpu_worker")
 
 THREADS = 8            # batches the worker reads, codes or writes at once
 MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batch_bytes)
@@ -67,14 +68,17 @@ def code_batch(job) -> "JobResult":  # noqa: F821 - s4fs.workers.JobResult
         except OSError:
             base_fd = None
     try:
+        t0 = time.perf_counter()
         datas = [workers._pread_all(fd, *it.ranges[0]) if len(it.ranges) == 1 else
                  b"".join(workers._pread_all(fd, o, n) for o, n in it.ranges)
                  for it in job.items]
         prep = [delta_prep(data, it.base, it.checksum, job.cfg,
                            lambda it=it: workers._base_bytes(job, it, base_fd))
                 for it, data in zip(job.items, datas)]
+        t1 = time.perf_counter()
         coded = code_items([(d, it.dtype, it.base) for d, it in zip(datas, job.items)],
                            prep, job.cfg)
+        t2 = time.perf_counter()
         results, blobs, pos = [], [], 0
         for it, (blob, base, sum_, _) in zip(job.items, coded):
             if sum_ != it.checksum:
@@ -89,6 +93,10 @@ def code_batch(job) -> "JobResult":  # noqa: F821 - s4fs.workers.JobResult
             pos += len(blob)
         if blobs:
             workers._open(job.store).put_parts(job.pack, blobs)
+        t3 = time.perf_counter()
+        log.info("coded %d chunks (%.1f MiB) in %.0f ms: read %.0f, code %.0f, put %.0f",
+                 len(datas), sum(map(len, datas)) / 2**20, 1e3 * (t3 - t0),
+                 1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
         return workers.JobResult(tuple(results), pos)
     finally:
         os.close(fd)
@@ -101,7 +109,11 @@ def decode_batch(job) -> int:
     (runs in the GPU worker process)."""
     from s4fs import workers
     from s4fs.fill import decode_on_gpu_into
-    return decode_on_gpu_into(workers._source(job.store), job)
+    t0 = time.perf_counter()
+    n = decode_on_gpu_into(workers._source(job.store), job)
+    log.info("decoded ahead %d chunks (%.1f MiB) in %.0f ms", n,
+             sum(ref.raw for ref, _ in job.items) / 2**20, 1e3 * (time.perf_counter() - t0))
+    return n
 
 
 def decode_blob(blob: bytes, base: bytes | None) -> bytes:
@@ -139,9 +151,13 @@ def _portable(exc: BaseException) -> BaseException:
         return CodecError(f"{type(exc).__name__}: {exc}")
 
 
-def _serve(conn, nice: int, parent: int, init: str | None, threads: int) -> None:
-    """The worker process: run each request on a thread, send each answer back."""
+def _serve(conn, nice: int, parent: int, init: str | None, threads: int,
+           log_level: int = logging.WARNING) -> None:
+    """The worker process: run each request on a thread, send each answer back. It logs
+    as the daemon does (its standard error is the daemon's), at the daemon's level."""
     from s4fs.workers import _init_worker
+    logging.basicConfig(level=log_level,
+                        format="s4fs: %(levelname)s %(name)s (GPU worker): %(message)s")
     _init_worker(nice, parent)
     if init:
         mod, _, fn = init.partition(":")
@@ -199,7 +215,7 @@ class GpuPool:
         ours, theirs = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, name="s4fs-gpu-worker", daemon=True,
                                  args=(theirs, self.nice, os.getpid(), self.init,
-                                       self.threads))
+                                       self.threads, logging.getLogger().getEffectiveLevel()))
         proc.start()
         theirs.close()
         w = _Worker(proc, ours)

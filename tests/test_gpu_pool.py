@@ -150,9 +150,10 @@ def test_a_killed_gpu_worker_fails_that_save_and_the_next_one_works(tmp_path):
         fs.close()
 
 
-def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch):
-    """Out of device memory in the worker: each batch is coded on the CPU there instead;
-    the save succeeds and reads back exactly."""
+def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch, capfd):
+    """Out of device memory in the worker: each batch is coded on the CPU there instead,
+    with a warning in the daemon's log (the worker's standard error); the save succeeds
+    and reads back exactly."""
     monkeypatch.setattr(gpu_pool, "WORKER_INIT", "emulated_gpu:install_broken_in_worker")
     fs = make_fs(tmp_path)
     try:
@@ -163,6 +164,10 @@ def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch):
     finally:
         fs.close()
     assert read_fresh(tmp_path, "ckpt.pt") == data
+    gpu_pool.shutdown()
+    err = capfd.readouterr().err
+    assert "WARNING s4fs.ingest (GPU worker): the GPU could not code a batch" in err, err
+    assert "out of memory" in err and "coding it on the CPU" in err
 
 
 def test_cold_file_decoded_ahead_in_the_gpu_process(tmp_path):
