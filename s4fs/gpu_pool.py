@@ -40,8 +40,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from s4fs.errors import CodecError
+
+if TYPE_CHECKING:
+    from s4fs.workers import DecodeJob, Job, JobResult
 
 log = logging.getLogger("s4fs.gpu_worker")
 
@@ -55,7 +59,7 @@ WORKER_INIT: str | None = None
 
 # --- the worker side ---------------------------------------------------------------------
 
-def code_batch(job) -> "JobResult":  # noqa: F821 - s4fs.workers.JobResult
+def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs import workers
     from s4fs.gpu_worker import delta_prep, code_items
@@ -104,7 +108,7 @@ def code_batch(job) -> "JobResult":  # noqa: F821 - s4fs.workers.JobResult
             os.close(base_fd)
 
 
-def decode_batch(job) -> int:
+def decode_batch(job: DecodeJob) -> int:
     """Decode one batch of a cold file's chunks on the GPU into its decoded-cache copy
     (runs in the GPU worker process)."""
     from s4fs import workers
@@ -281,13 +285,11 @@ class GpuPool:
 
     def result(self, fut: Future, what: str, *, doing: str = "coding",
                then: str = "this version was not stored and the previous one stays"):
-        from s4fs.workers import WorkerDied
+        from s4fs.workers import died
         try:
             return fut.result()
         except BrokenProcessPool:
-            raise WorkerDied(
-                f"the GPU worker process died while {doing} {what} (killed, or out of "
-                f"memory); {then}") from None
+            raise died("the GPU worker process", what, doing, then) from None
 
     def warm(self, timeout: float | None = None) -> list[int]:
         """Start the worker and load the GPU codec in it now (waiting at most

@@ -47,6 +47,11 @@ class WorkerDied(CodecError):
     """A coding worker process ended (killed, out of memory) while coding a batch."""
 
 
+def died(who: str, what: str, doing: str, then: str) -> WorkerDied:
+    """The error a save or read gets when ``who`` ended under its batch."""
+    return WorkerDied(f"{who} died while {doing} {what} (killed, or out of memory); {then}")
+
+
 @dataclass(frozen=True)
 class Item:
     """One chunk to code: its bytes are ``ranges`` of the spool, concatenated."""
@@ -269,9 +274,7 @@ class Pool:
                 ex = self._exec
             if ex is not None:
                 self._discard(ex)
-            raise WorkerDied(
-                f"a coding worker process died while {doing} {what} (killed, or out of "
-                f"memory); {then}") from None
+            raise died("a coding worker process", what, doing, then) from None
 
     def _discard(self, ex: ProcessPoolExecutor) -> None:
         with self._lock:
