@@ -44,6 +44,7 @@ bench: deps
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/mount.py
+	$(BIN)/python bench/fill.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

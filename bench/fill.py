@@ -1,6 +1,6 @@
 """Decode ahead, alone: how fast a node that never saw a file gets it back.
 
-    python bench/fill.py [--gib 0.5] [--repeat 3] [--devices cpu,cuda]
+    python bench/fill.py [--gib 0.5] [--repeat 3] [--devices cpu[,cuda]]
                          [--gpu-fill-batch MiB] [--gpu-threads N]
 
 A mount's first read of a cold file starts a fill (s4fs/fill.py): the version's chunks
@@ -126,12 +126,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=0.5)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--devices", default="cpu,cuda")
+    ap.add_argument("--devices", help="default: cpu, and cuda where a GPU is usable")
     ap.add_argument("--gpu-fill-batch", type=int, help="MiB per GPU decode-ahead batch")
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     a = ap.parse_args()
     from s4fs import fill, gpu_pool
+    from s4fs.codec import gpu_available
+    devices = a.devices or ("cpu,cuda" if gpu_available() else "cpu")
     if a.gpu_fill_batch:
         fill.GPU_FILL_BATCH = a.gpu_fill_batch << 20
     if a.gpu_threads:
@@ -139,7 +141,7 @@ def main() -> None:
     data = state_bytes(a.gib)
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
-        rows = [run(d, data, work, a.repeat) for d in a.devices.split(",")]
+        rows = [run(d, data, work, a.repeat) for d in devices.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/fill.py — {os.cpu_count()} cores; {len(data) / (1 << 30):.2f} GiB "
