@@ -62,20 +62,11 @@ WORKER_INIT: str | None = None
 def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs import workers
-    from s4fs.gpu_worker import delta_prep, code_items
+    from s4fs.gpu_worker import code_items, delta_prep
     from s4fs.ingest import DELTA, FULL, SAME
-    fd = os.open(job.spool, os.O_RDONLY)
-    base_fd = None
-    if job.base_file is not None:
-        try:
-            base_fd = os.open(job.base_file, os.O_RDONLY)
-        except OSError:
-            base_fd = None
-    try:
+    with workers.job_files(job) as (fd, base_fd):
         t0 = time.perf_counter()
-        datas = [workers._pread_all(fd, *it.ranges[0]) if len(it.ranges) == 1 else
-                 b"".join(workers._pread_all(fd, o, n) for o, n in it.ranges)
-                 for it in job.items]
+        datas = [workers.read_item(fd, it) for it in job.items]
         prep = [delta_prep(data, it.base, it.checksum, job.cfg,
                            lambda it=it: workers._base_bytes(job, it, base_fd))
                 for it, data in zip(job.items, datas)]
@@ -85,9 +76,8 @@ def code_batch(job: Job) -> JobResult:
         t2 = time.perf_counter()
         results, blobs, pos = [], [], 0
         for it, (blob, base, sum_, _) in zip(job.items, coded):
-            if sum_ != it.checksum:
-                raise CodecError("internal error: the spool changed while its chunks were "
-                                 "being coded; the file was not stored")
+            if sum_ != it.checksum:             # the device's hash of what it coded
+                raise workers.spool_changed()
             if blob is None:
                 results.append(workers.ItemResult(SAME, 0, 0))
                 continue
@@ -102,10 +92,6 @@ def code_batch(job: Job) -> JobResult:
                  len(datas), sum(map(len, datas)) / 2**20, 1e3 * (t3 - t0),
                  1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
         return workers.JobResult(tuple(results), pos)
-    finally:
-        os.close(fd)
-        if base_fd is not None:
-            os.close(base_fd)
 
 
 def decode_batch(job: DecodeJob) -> int:

@@ -30,6 +30,7 @@ keeps at most ``2 × workers`` batches in flight.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import threading
@@ -145,9 +146,10 @@ def _base_bytes(job: Job, item: Item, base_fd: int | None) -> bytes:
     return data if data is not None else _source(job.store).get(item.base)
 
 
-def code_batch(job: Job) -> JobResult:
-    """Code one batch and store its pack (runs in a worker process)."""
-    from s4fs import codec
+@contextlib.contextmanager
+def job_files(job: Job):
+    """``(spool fd, base fd | None)`` of a coding job, open for reading (the base
+    version's decoded copy only when it can be opened)."""
     fd = os.open(job.spool, os.O_RDONLY)
     base_fd = None
     if job.base_file is not None:
@@ -156,17 +158,36 @@ def code_batch(job: Job) -> JobResult:
         except OSError:
             base_fd = None
     try:
+        yield fd, base_fd
+    finally:
+        os.close(fd)
+        if base_fd is not None:
+            os.close(base_fd)
+
+
+def read_item(fd: int, item: Item) -> bytes:
+    """An item's bytes: its spool ranges, concatenated."""
+    if len(item.ranges) == 1:
+        return _pread_all(fd, *item.ranges[0])
+    return b"".join(_pread_all(fd, o, n) for o, n in item.ranges)
+
+
+def spool_changed() -> CodecError:
+    return CodecError("internal error: the spool changed while its chunks were being "
+                      "coded; the file was not stored")
+
+
+def code_batch(job: Job) -> JobResult:
+    """Code one batch and store its pack (runs in a worker process)."""
+    from s4fs import codec
+    with job_files(job) as (fd, base_fd):
         blobs: list[bytes] = []
         results: list[ItemResult] = []
         pos = 0
         for item in job.items:
-            if len(item.ranges) == 1:
-                data = _pread_all(fd, *item.ranges[0])
-            else:
-                data = b"".join(_pread_all(fd, o, n) for o, n in item.ranges)
+            data = read_item(fd, item)
             if codec.checksum(data) != item.checksum:
-                raise CodecError("internal error: the spool changed while its chunks were "
-                                 "being coded; the file was not stored")
+                raise spool_changed()
             blob, kind = _code(job, item, data, base_fd)
             if kind == SAME:
                 results.append(ItemResult(SAME, 0, 0))
@@ -177,10 +198,6 @@ def code_batch(job: Job) -> JobResult:
         if blobs:
             _open(job.store).put(job.pack, b"".join(blobs))
         return JobResult(tuple(results), pos)
-    finally:
-        os.close(fd)
-        if base_fd is not None:
-            os.close(base_fd)
 
 
 def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes, int]:
