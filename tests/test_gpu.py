@@ -827,3 +827,45 @@ def test_zero_heavy_planes_take_the_smaller_nvcomp_chunk(emu):
             pos += ph.enc_len
         chunks.append(seen)
     assert chunks == [{3 << 16}, {1 << 16}]
+
+
+def test_pinned_memory_comes_in_few_size_classes():
+    """CuPy's pinned pool reuses a freed block only for a request of its exact size:
+    the sizes s4fs asks for are rounded to classes, so batches of varying sizes reuse
+    a few blocks instead of pinning new memory every time (and keeping it)."""
+    from s4fs.codec.gpu._backend import pinned_size
+    rng = random.Random(7)
+    sizes = [1, 4095, 4096, 4097, 65535, 65536, 65537, 1 << 20, (1 << 20) + 1] + \
+        [rng.randrange(1, 3 << 30) for _ in range(2000)]
+    for n in sizes:
+        c = pinned_size(n)
+        assert n <= c <= max(n + 4095, n * 5 // 4 + 1), (n, c)
+        assert pinned_size(c) == c
+    ordered = sorted(sizes)
+    assert all(pinned_size(a) <= pinned_size(b) for a, b in zip(ordered, ordered[1:]))
+    # a mount's batches: blob totals of 40-50 MiB, decode-ahead reads of 10-13 MiB
+    assert len({pinned_size(rng.randrange(40 << 20, 50 << 20)) for _ in range(500)}) <= 2
+    assert len({pinned_size(rng.randrange(10 << 20, 13 << 20)) for _ in range(500)}) <= 2
+
+
+@gpu
+def test_pinned_host_memory_is_reused_and_given_back():
+    """Host buffers of varying sizes (every batch's) reuse a few pinned blocks; after a
+    save, release_memory gives the unused ones back (a training process that saves
+    every few minutes must not pin more memory with every save)."""
+    import cupy
+
+    from s4fs.codec import gpu as g
+    pool = cupy.get_default_pinned_memory_pool()
+    g.release_memory()
+    rng = random.Random(3)
+    for _ in range(60):
+        buf = g.host_buffer(rng.randrange(40 << 20, 50 << 20))
+        buf[:: 1 << 20] = 1
+        del buf
+    assert pool.n_free_blocks() <= 2, pool.n_free_blocks()
+    blobs = g.compress_many([(bytes(rng.randrange(256) for _ in range(1 << 16)) * 16,
+                              "bfloat16")], out="host")
+    del blobs
+    g.release_memory()
+    assert pool.n_free_blocks() == 0

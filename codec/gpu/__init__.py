@@ -146,9 +146,11 @@ def to_device(host):
 
 def release_memory() -> None:
     """Give the device memory the codec's pool caches back (torch's allocator, or any
-    other, can then use it). Safe to call when CuPy is not installed."""
+    other, can then use it), and the pinned host memory its pool keeps unused. Safe to
+    call when CuPy is not installed."""
     try:
         import cupy
     except Exception:                      # noqa: BLE001 - nothing cached then
         return
     cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
