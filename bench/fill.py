@@ -1,13 +1,14 @@
 """Decode ahead, alone: how fast a node that never saw a file gets it back.
 
-    python bench/fill.py [--gib 0.5] [--repeat 3] [--devices cpu[,cuda]]
+    python bench/fill.py [--gib 0.5] [--repeat 3] [--saves 1] [--devices cpu[,cuda]]
                          [--gpu-fill-batch MiB] [--gpu-threads N]
 
 A mount's first read of a cold file starts a fill (s4fs/fill.py): the version's chunks
 are fetched, decoded and written into the decoded cache ahead of the reader, by the CPU
 worker processes or by the GPU worker process. This bench takes the FUSE layer and
 torch out of the way: per device it saves one checkpoint as the mount does (spool, then
-worker processes), then, ``--repeat`` times, opens it as a fresh node would (an empty
+worker processes; with ``--saves N`` a series, the last version a delta chain as a
+training run's is), then, ``--repeat`` times, opens it as a fresh node would (an empty
 cache dir, the page cache dropped when run as root) and reads it as ``torch.load``
 does (the tail, then the whole file in 1 MiB reads), timing until the last byte.
 The state is synthetic, shaped like a mixed-precision checkpoint: bf16 weights and
@@ -29,22 +30,33 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def state_bytes(gib: float) -> bytes:
+def series_bytes(gib: float, saves: int) -> list[bytes]:
+    """``saves`` consecutive checkpoints: each step moves a tenth of the weights a
+    little (so later versions are stored as deltas of earlier ones, as in a training
+    run) and redraws the moments (which deltas do not help)."""
     import torch
     n = int(gib * (1 << 30) / 10)
     g = torch.Generator().manual_seed(0)
-    sd, left, i = {}, n, 0
+    weights, i, left = {}, 0, n
     while left > 0:
         k = min(left, 8 << 20)
-        w = torch.randn(k, generator=g) * 0.02
-        sd[f"layer{i}.weight"] = w.bfloat16()
-        sd[f"layer{i}.exp_avg"] = torch.randn(k, generator=g) * 1e-4
-        sd[f"layer{i}.exp_avg_sq"] = (torch.randn(k, generator=g) * 1e-4) ** 2
+        weights[f"layer{i}.weight"] = torch.randn(k, generator=g) * 0.02
         left -= k
         i += 1
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    return buf.getvalue()
+    out = []
+    for _ in range(saves):
+        sd = {}
+        for name, w in weights.items():
+            sd[name] = w.bfloat16()
+            sd[name.replace("weight", "exp_avg")] = torch.randn(w.numel(), generator=g) * 1e-4
+            sd[name.replace("weight", "exp_avg_sq")] = \
+                (torch.randn(w.numel(), generator=g) * 1e-4) ** 2
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        out.append(buf.getvalue())
+        for w in weights.values():
+            w[:: 10] += torch.randn(w[:: 10].numel(), generator=g) * 1e-3
+    return out
 
 
 def drop_caches() -> None:
@@ -60,7 +72,7 @@ def save(fs, path: str, data: bytes) -> None:
     from s4fs.spool import Spool
     sp = Spool(fs.spool_dir, path)
     sp.write(0, data)
-    s = fs.new_session(path, None, sp.name)
+    s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)
     pos = 0
     while pos < len(data):
         piece = sp.read(pos, 1 << 20)
@@ -84,7 +96,7 @@ def read_as_torch_load(fs, path: str) -> tuple[bytes, bool]:
         r.release()
 
 
-def run(device: str, data: bytes, work: str, repeat: int) -> dict:
+def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
     from s4fs import gpu_pool, workers
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.ingest import IngestConfig
@@ -96,11 +108,15 @@ def run(device: str, data: bytes, work: str, repeat: int) -> dict:
         return Filesystem(LocalStore(store), FsConfig(ingest=ingest,
                                                       cache_dir=os.path.join(work, name)))
     fs = node("writer")
+    data = series[-1]
     try:
-        t0 = time.perf_counter()
-        save(fs, "ckpt.pt", data)
-        saved = time.perf_counter() - t0
-        stored = fs.manifest("ckpt.pt").stored_bytes()
+        for version in series:
+            t0 = time.perf_counter()
+            save(fs, "ckpt.pt", version)
+            saved = time.perf_counter() - t0
+        m = fs.manifest("ckpt.pt")
+        stored = m.stored_bytes()
+        depth = max((c.depth for st in m.streams for c in st.chunks), default=0)
     finally:
         fs.close()
     times, filled = [], True
@@ -119,13 +135,15 @@ def run(device: str, data: bytes, work: str, repeat: int) -> dict:
     gpu_pool.shutdown()
     workers.shutdown()
     return {"device": device, "stored": stored, "save": saved, "fresh": times,
-            "filled": filled}
+            "filled": filled, "depth": depth}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=0.5)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--saves", type=int, default=1,
+                    help="consecutive versions saved; the last (a delta chain) is read")
     ap.add_argument("--devices", help="default: cpu, and cuda where a GPU is usable")
     ap.add_argument("--gpu-fill-batch", type=int, help="MiB per GPU decode-ahead batch")
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
@@ -138,22 +156,25 @@ def main() -> None:
         fill.GPU_FILL_BATCH = a.gpu_fill_batch << 20
     if a.gpu_threads:
         gpu_pool.THREADS = a.gpu_threads
-    data = state_bytes(a.gib)
+    series = series_bytes(a.gib, a.saves)
+    data = series[-1]
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
-        rows = [run(d, data, work, a.repeat) for d in devices.split(",")]
+        rows = [run(d, series, work, a.repeat) for d in devices.split(",")]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/fill.py — {os.cpu_count()} cores; {len(data) / (1 << 30):.2f} GiB "
-          f"synthetic bf16 weights + fp32 AdamW moments; GPU fill batches "
+          f"synthetic bf16 weights + fp32 AdamW moments, version {a.saves} of a "
+          f"series; GPU fill batches "
           f"{fill.GPU_FILL_BATCH >> 20} MiB, GPU worker threads {gpu_pool.THREADS}; "
           f"fresh node = empty cache dir, page cache dropped; median of {a.repeat}")
-    print("| device | stored % | save s (no FUSE) | fresh-node read s | GB/s | runs | "
-          "decoded ahead |")
-    print("|---|---:|---:|---:|---:|---|---|")
+    print("| device | stored % (last version) | delta depth | last save s (no FUSE) | "
+          "fresh-node read s | GB/s | runs | decoded ahead |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
         med = statistics.median(r["fresh"])
-        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | {r['save']:.2f} | "
+        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | {r['depth']} | "
+              f"{r['save']:.2f} | "
               f"{med:.2f} | {len(data) / med / 1e9:.2f} | "
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "
               f"{'yes' if r['filled'] else 'no'} |")
