@@ -844,8 +844,8 @@ def test_pinned_memory_comes_in_few_size_classes():
     ordered = sorted(sizes)
     assert all(pinned_size(a) <= pinned_size(b) for a, b in zip(ordered, ordered[1:]))
     # a mount's batches: blob totals of 40-50 MiB, decode-ahead reads of 10-13 MiB
-    assert len({pinned_size(rng.randrange(40 << 20, 50 << 20)) for _ in range(500)}) <= 2
-    assert len({pinned_size(rng.randrange(10 << 20, 13 << 20)) for _ in range(500)}) <= 2
+    assert len({pinned_size(rng.randrange((40 << 20) + 1, 50 << 20)) for _ in range(500)}) <= 2
+    assert len({pinned_size(rng.randrange((10 << 20) + 1, 13 << 20)) for _ in range(500)}) <= 2
 
 
 @gpu
@@ -860,7 +860,7 @@ def test_pinned_host_memory_is_reused_and_given_back():
     g.release_memory()
     rng = random.Random(3)
     for _ in range(60):
-        buf = g.host_buffer(rng.randrange(40 << 20, 50 << 20))
+        buf = g.host_buffer(rng.randrange((40 << 20) + 1, 50 << 20))
         buf[:: 1 << 20] = 1
         del buf
     assert pool.n_free_blocks() <= 2, pool.n_free_blocks()
