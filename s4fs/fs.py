@@ -103,7 +103,7 @@ class Filesystem:
                                         self.cfg.decoded_cache_bytes)
         # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate);
         # on a mount whose pipeline is the GPU worker process, there (the daemon itself
-        # never loads CUDA)
+        # makes no CUDA context)
         ingest = self.cfg.ingest
         self._gpu_worker = ingest.processes and _device.pipeline(ingest.device) == "cuda"
         offload = None
