@@ -69,17 +69,12 @@ def drop_caches() -> None:
 
 
 def save(fs, path: str, data: bytes) -> None:
-    from s4fs.spool import Spool
-    sp = Spool(fs.spool_dir, path)
-    sp.write(0, data)
-    s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)
-    pos = 0
-    while pos < len(data):
-        piece = sp.read(pos, 1 << 20)
-        s.write(piece, stable=True)
-        pos += len(piece)
-    fs.commit(path, s.finish())
-    sp.close()
+    """As the mount saves: the file's write handle (spool, the worker processes coding
+    its prefix, delta against the previous version), committed at release."""
+    h = fs.open_write(path)
+    h.write(0, data)
+    h.flush()
+    h.release()
 
 
 def read_as_torch_load(fs, path: str) -> tuple[bytes, bool]:

@@ -67,7 +67,7 @@ def code_batch(job: Job) -> JobResult:
     with workers.job_files(job) as (fd, base_fd):
         t0 = time.perf_counter()
         datas = [workers.read_item(fd, it) for it in job.items]
-        prep = [delta_prep(data, it.base, it.checksum, job.cfg,
+        prep = [delta_prep(data, it.base, job.cfg,
                            lambda it=it: workers._base_bytes(job, it, base_fd))
                 for it, data in zip(job.items, datas)]
         t1 = time.perf_counter()

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 
 from s4fs import codec
 from s4fs.codec import _container, _device
-from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, base_from_file, code_chunk,
+from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, base_bytes, code_chunk,
                          delta_candidate, delta_is_tiny, keep_delta)
 from s4fs.manifest import ChunkRef
 
@@ -88,7 +88,7 @@ def code_batch(batch: list, cfg: IngestConfig, source, base_path) -> None:
 
 def code_items(items: list, prep: list, cfg: IngestConfig) -> list:
     """Code ``items`` (``(data, dtype, base ref)``, with ``prep`` from the delta rule:
-    None, ``("same", checksum)`` or ``("delta", base bytes, checksum)``) in one GPU batch
+    :func:`delta_prep`'s None, ``("same",)`` or ``("delta", base bytes)``) in one GPU batch
     on the process's GPU thread; per item ``(blob | None, base ref | None, checksum, raw
     length)``. Every coded item's checksum is the one its full blob's header holds,
     computed on the device from the bytes that were coded. A batch the GPU cannot code
@@ -113,30 +113,30 @@ def _prepare_bases(batch: list, cfg: IngestConfig, source, base_path) -> list:
         except OSError:
             fd = None
     try:
-        return [delta_prep(data, base, codec.checksum(data) if base is not None else 0, cfg,
-                           lambda: base_from_file(fd, where, base) or source.get(base))
+        return [delta_prep(data, base, cfg, lambda: base_bytes(fd, where, base, source))
                 for data, _, base, where, _ in batch]
     finally:
         if fd is not None:
             os.close(fd)
 
 
-def delta_prep(data, base: ChunkRef | None, checksum: int, cfg: IngestConfig, base_bytes):
-    """What the delta rule needs before a chunk is coded: None (code it whole), ("same",
-    checksum) when it equals its base, or ("delta", base bytes, checksum). ``base_bytes()``
-    returns the base's verified raw bytes."""
+def delta_prep(data, base: ChunkRef | None, cfg: IngestConfig, base_bytes):
+    """What the delta rule needs before a chunk is coded: None (code it whole),
+    ``("same",)`` when it equals its base (whose checksum is then the chunk's), or
+    ``("delta", base bytes)``. ``base_bytes()`` returns the base's verified raw bytes.
+    (No checksum of ``data`` here: the device computes every coded chunk's.)"""
     if not delta_candidate(base, len(data), cfg):
         return None
     raw = base_bytes()
-    if base.checksum == checksum and raw == data:
-        return ("same", checksum)
-    return ("delta", raw, checksum)
+    if raw == data:
+        return ("same",)
+    return ("delta", raw)
 
 
 def _cpu_result(item, prep, cfg: IngestConfig):
     data, dtype, base = item
     if prep is not None and prep[0] == "same":
-        return None, base, prep[1], len(data)
+        return None, base, base.checksum, len(data)
     sum_ = codec.checksum(data)
     blob, kind = code_chunk(data, dtype, sum_, base if prep else None,
                             lambda: prep[1], cfg, device="cpu")
@@ -151,7 +151,7 @@ def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
     fulls = [i for i, p in enumerate(prep) if p is None]
     for i, p in enumerate(prep):
         if p is not None and p[0] == "same":
-            res[i] = (None, batch[i][2], p[1], len(batch[i][0]))
+            res[i] = (None, batch[i][2], batch[i][2].checksum, len(batch[i][0]))
     # one call: every delta, and every chunk in full (delta candidates too: the smaller
     # wins unless the delta is tiny); a chunk's bytes are staged once for both codings
     blobs = gpu.compress_many([(batch[i][0], batch[i][1], prep[i][1]) for i in deltas] +

@@ -470,6 +470,15 @@ class _BaseFile:
         return None
 
 
+def base_bytes(fd: int | None, where: tuple[int, int] | None, base: ChunkRef,
+               source) -> bytes:
+    """The verified raw bytes of chunk ``base``: from the base version's decoded copy
+    (:func:`base_from_file`) when it holds them intact, else from ``source`` (a
+    ChunkSource: the store, decoded and checked)."""
+    data = base_from_file(fd, where, base)
+    return data if data is not None else source.get(base)
+
+
 def base_from_file(fd: int | None, where: tuple[int, int] | None,
                    base: ChunkRef) -> bytes | None:
     """The raw bytes of chunk ``base`` read at ``where`` (offset, length) in the base

@@ -39,7 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from s4fs.errors import CodecError
-from s4fs.ingest import SAME, IngestConfig, base_from_file, code_chunk
+from s4fs.ingest import SAME, IngestConfig, base_bytes, code_chunk
 from s4fs.manifest import ChunkRef
 
 
@@ -142,8 +142,7 @@ def _pread_all(fd: int, offset: int, length: int) -> bytes:
 
 
 def _base_bytes(job: Job, item: Item, base_fd: int | None) -> bytes:
-    data = base_from_file(base_fd, item.base_range, item.base)
-    return data if data is not None else _source(job.store).get(item.base)
+    return base_bytes(base_fd, item.base_range, item.base, _source(job.store))
 
 
 @contextlib.contextmanager

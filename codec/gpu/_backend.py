@@ -113,10 +113,10 @@ class CudaBackend:
             if n <= SMALL_UPLOAD:
                 if len(self._lent) > 4096:      # a caller that never synchronizes
                     self.synchronize()
-                mem = self.cp.cuda.alloc_pinned_memory(pinned_size(n))
-                ctypes.memmove(mem.ptr, src, n)
-                self._lent.append(mem)
-                src = mem.ptr
+                copy = pinned_host(n)
+                ctypes.memmove(copy.ctypes.data, src, n)
+                self._lent.append(copy)
+                src = copy.ctypes.data
             self.cp.cuda.runtime.memcpyAsync(self.ptr(dst) + offset, src, n,
                                              self.cp.cuda.runtime.memcpyHostToDevice,
                                              self.stream.ptr)
