@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -57,6 +57,12 @@ run 200 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py"
 for d in cpu cuda; do
 run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
+elif [ "$1" = devices-profile ]; then  # all GPU tests, logged mounts, a delta chain's fill, real-data codec
+run 200 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py"
+run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device cuda --work /tmp --daemon-log
+run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device cpu --work /tmp
+run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 2 --saves 3 --devices cpu,cuda
+run 80 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,adam --repeat 2 --profiles default,zero-runs --weights "$W"
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else

@@ -6,15 +6,26 @@ Layout (little endian)::
     4   1  format major (readers refuse a newer major)
     5   1  format minor (additions older readers may ignore)
     6   1  dtype code (s4fs.codec._dtypes)
-    7   1  flags: bit 0 = delta (payload is the byte-XOR with a base)
+    7   1  flags: bit 0 = delta (payload is the byte-XOR with a base),
+                  bit 1 = zero blocks (all-zero blocks of the chunk are not stored)
     8   1  layout (s4fs.codec._planes)
     9   1  number of planes
     10  8  xxh3-64 of the original bytes
     [   8  xxh3-64 of the base bytes, when delta]
        v   raw length (LEB128 varint)
+    [when zero blocks:
+        1  log2 of the block size (12..30)
+        v  kept length: the bytes of the blocks that are stored
+           keep map: ceil(raw length / block) bits, least significant bit first; a set
+           bit is a stored block, a clear one a block of zero bytes (the last block may
+           be shorter)]
     per plane:
         1  codec id, 1  codec major, v raw length, v encoded length
     payloads, in plane order
+
+With zero blocks, the planes hold the stored blocks back to back (``kept length``
+bytes): a reader decodes those and puts zero blocks back where the keep map says
+(``expand``). The checksum is always of the original bytes.
 """
 
 from __future__ import annotations
@@ -26,9 +37,12 @@ from s4fs.errors import FormatError, UnsupportedVersionError
 
 MAGIC = b"S4CK"
 MAJOR = 1
-MINOR = 1               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec
+MINOR = 2               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
+                        # 2: zero blocks
 FLAG_DELTA = 1
-KNOWN_FLAGS = FLAG_DELTA
+FLAG_ZERO_BLOCKS = 2
+KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS
+MIN_BLOCK_LOG2, MAX_BLOCK_LOG2 = 12, 30
 
 _FIXED = struct.Struct("<4sBBBBBBQ")
 
@@ -51,10 +65,106 @@ class Header:
     raw_len: int
     planes: tuple[PlaneHeader, ...]
     payload_offset: int
+    block: int = 0              # zero blocks: the block size (0: every byte is stored)
+    kept_len: int = -1          # zero blocks: bytes of the stored blocks
+    keep_map: bytes = b""       # zero blocks: one bit per block, set = stored
 
     @property
     def delta(self) -> bool:
         return bool(self.flags & FLAG_DELTA)
+
+    @property
+    def coded_len(self) -> int:
+        """Bytes the planes hold: the stored blocks with zero blocks, else the chunk."""
+        return self.kept_len if self.block else self.raw_len
+
+
+# --------------------------------------------------------------------------- zero blocks
+
+def block_log2(raw_len: int) -> int:
+    """The block size (log2) the writers use for a chunk of ``raw_len`` bytes: 4 KiB,
+    larger for chunks over 4 MiB so that the keep map stays within 128 bytes."""
+    need = max(1, -(-raw_len // 1024)).bit_length() - 1
+    if (1 << need) * 1024 < raw_len:
+        need += 1
+    return max(MIN_BLOCK_LOG2, min(MAX_BLOCK_LOG2, need))
+
+
+def map_bytes(raw_len: int, log2: int) -> int:
+    return -(-(-(-raw_len >> log2)) // 8) if raw_len else 0
+
+
+def kept_runs(keep_map, raw_len: int, block: int):
+    """The stored runs of a chunk from its keep map: (offset in the chunk, offset in the
+    stored bytes, length) arrays, and the zero runs as (offset, length) arrays."""
+    np = _np()
+    nblocks = -(-raw_len // block)
+    bits = np.unpackbits(np.frombuffer(bytes(keep_map), dtype=np.uint8),
+                         bitorder="little")[:nblocks].astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], bits, [0]])))
+    kstart, kend = edges[0::2] * block, np.minimum(edges[1::2] * block, raw_len)
+    klen = kend - kstart
+    ksrc = np.cumsum(klen) - klen
+    zedges = np.flatnonzero(np.diff(np.concatenate([[1], bits, [1]])))
+    zstart, zend = zedges[0::2] * block, np.minimum(zedges[1::2] * block, raw_len)
+    return (kstart.astype(np.int64), ksrc.astype(np.int64), klen.astype(np.int64),
+            zstart.astype(np.int64), (zend - zstart).astype(np.int64))
+
+
+def kept_length(keep_map, raw_len: int, block: int) -> int:
+    """Bytes of the stored blocks a keep map names."""
+    _, _, klen, _, _ = kept_runs(keep_map, raw_len, block)
+    return int(klen.sum())
+
+
+def kept_runs_many(bits, nblocks, log2, raw_len):
+    """The stored runs of many chunks at once: ``bits`` (0/1 per block, every chunk's
+    blocks back to back), per chunk its block count, block size log2 and length. Returns
+    (chunk index, offset in the chunk, offset in its stored bytes, length) per run, and
+    every chunk's kept length."""
+    np = _np()
+    bits = np.asarray(bits).astype(np.int8, copy=False)
+    nblocks = np.asarray(nblocks, dtype=np.int64)
+    log2 = np.asarray(log2, dtype=np.int64)
+    raw_len = np.asarray(raw_len, dtype=np.int64)
+    owner = np.repeat(np.arange(len(nblocks)), nblocks)
+    f0 = np.cumsum(nblocks) - nblocks
+    j = np.arange(len(bits)) - f0[owner]                     # block index in its chunk
+    bsize = np.int64(1) << log2[owner]
+    size = np.where(j == nblocks[owner] - 1, raw_len[owner] - j * bsize, bsize) * (bits > 0)
+    kept = np.bincount(owner, weights=size, minlength=len(nblocks)).astype(np.int64)
+    excl = np.cumsum(size) - size                            # stored bytes before each block
+    excl = excl - np.append(excl, 0)[f0][owner] if len(bits) else excl
+    first = j == 0
+    last = j == nblocks[owner] - 1
+    prev = np.concatenate([[0], bits[:-1]]) if len(bits) else bits
+    nxt = np.concatenate([bits[1:], [0]]) if len(bits) else bits
+    start = np.flatnonzero((bits > 0) & (first | (prev == 0)))
+    end = np.flatnonzero((bits > 0) & (last | (nxt == 0)))
+    ln = (excl[end] + size[end]) - excl[start]
+    return (owner[start], j[start] * bsize[start], excl[start], ln), kept
+
+
+def expand(stored, head: Header) -> bytes:
+    """The chunk's bytes from its stored blocks (a chunk without zero blocks: as is)."""
+    if not head.block:
+        return stored
+    np = _np()
+    src = np.frombuffer(memoryview(stored).cast("B"), dtype=np.uint8)
+    out = np.zeros(head.raw_len, dtype=np.uint8)
+    dst, at, ln, _, _ = kept_runs(head.keep_map, head.raw_len, head.block)
+    for d, a, n in zip(dst.tolist(), at.tolist(), ln.tolist()):
+        out[d: d + n] = src[a: a + n]
+    return out.tobytes()
+
+
+def _zero_part(raw_len: int, zero_blocks) -> bytes:
+    log2, kept, keep_map = zero_blocks
+    if not MIN_BLOCK_LOG2 <= log2 <= MAX_BLOCK_LOG2:
+        raise ValueError(f"zero-block size 2**{log2} is out of range")
+    if len(keep_map) != map_bytes(raw_len, log2):
+        raise ValueError("keep map has the wrong length for the chunk")
+    return bytes((log2,)) + _varint(kept) + bytes(keep_map)
 
 
 def _varint(n: int) -> bytes:
@@ -86,27 +196,34 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
 
 def header(dtype_code: int, flags: int, layout: int, checksum: int,
            base_checksum: int | None, raw_len: int,
-           planes: list[tuple[int, int, int, int]]) -> bytes:
+           planes: list[tuple[int, int, int, int]], zero_blocks=None) -> bytes:
     """The header of a blob whose planes are (codec id, codec major, raw length, encoded
-    length); the payloads follow it in plane order. The one writer of this header: the
-    CPU path (``pack``) and the GPU encoder both call it."""
+    length); the payloads follow it in plane order. ``zero_blocks``: (block size log2,
+    kept length, keep map) when the flag is set. The one writer of this header (the GPU
+    encoder writes many at once with ``header_many``, checked against it)."""
     if flags & ~KNOWN_FLAGS:
         raise ValueError(f"unknown container flags 0x{flags:02x}")
+    if bool(flags & FLAG_ZERO_BLOCKS) != (zero_blocks is not None):
+        raise ValueError("the zero-blocks flag and the keep map go together")
+    if flags & FLAG_ZERO_BLOCKS and flags & FLAG_DELTA:
+        raise ValueError("a delta chunk cannot leave out zero blocks")
     head = bytearray(_FIXED.pack(MAGIC, MAJOR, MINOR, dtype_code, flags, layout,
                                  len(planes), checksum))
     if flags & FLAG_DELTA:
         head += struct.pack("<Q", base_checksum)
     head += _varint(raw_len)
+    if zero_blocks is not None:
+        head += _zero_part(raw_len, zero_blocks)
     for cid, major, plane_raw, enc in planes:
         head += bytes((cid, major)) + _varint(plane_raw) + _varint(enc)
     return bytes(head)
 
 
 def pack(dtype_code: int, flags: int, layout: int, checksum: int, base_checksum: int | None,
-         raw_len: int, planes: list[tuple[int, int, int, bytes]]) -> bytes:
+         raw_len: int, planes: list[tuple[int, int, int, bytes]], zero_blocks=None) -> bytes:
     """planes: (codec id, codec major, raw length, payload)."""
     head = header(dtype_code, flags, layout, checksum, base_checksum, raw_len,
-                  [(cid, major, r, len(p)) for cid, major, r, p in planes])
+                  [(cid, major, r, len(p)) for cid, major, r, p in planes], zero_blocks)
     return b"".join([head, *[p for *_, p in planes]])
 
 
@@ -144,6 +261,24 @@ def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
         (base_checksum,) = struct.unpack_from("<Q", buf, pos)
         pos += 8
     raw_len, pos = _read_varint(buf, pos)
+    block, kept, keep_map = 0, -1, b""
+    if flags & FLAG_ZERO_BLOCKS:
+        if flags & FLAG_DELTA:
+            raise FormatError("blob sets both the delta and the zero-blocks flags, which no "
+                              "writer does; the blob is corrupt")
+        if len(buf) < pos + 1:
+            raise FormatError("blob is truncated inside its header")
+        log2 = buf[pos]
+        if not MIN_BLOCK_LOG2 <= log2 <= MAX_BLOCK_LOG2:
+            raise FormatError(f"blob names a zero-block size of 2**{log2} bytes")
+        kept, pos = _read_varint(buf, pos + 1)
+        mlen = map_bytes(raw_len, log2)
+        if len(buf) < pos + mlen:
+            raise FormatError("blob is truncated inside its header")
+        block, keep_map = 1 << log2, bytes(buf[pos: pos + mlen])
+        pos += mlen
+        if kept_length(keep_map, raw_len, block) != kept:
+            raise FormatError("blob's keep map does not match its kept length")
     planes = []
     for _ in range(nplanes):
         if len(buf) < pos + 2:
@@ -156,7 +291,8 @@ def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
     if (whole or total is not None) and end != size:
         what = "truncated" if end > size else "followed by extra bytes"
         raise FormatError(f"blob is {what}: header describes {end} bytes, got {size}")
-    return Header(dcode, flags, layout, checksum, base_checksum, raw_len, tuple(planes), pos)
+    return Header(dcode, flags, layout, checksum, base_checksum, raw_len, tuple(planes), pos,
+                  block, kept, keep_map)
 
 
 # --------------------------------------------------------------------------- many at once
@@ -183,30 +319,55 @@ def varint_sizes(values):
     return np.searchsorted(_VARINT_STEPS, v, side="right").astype(np.int64) + 1
 
 
-def header_sizes(delta, raw_len, plane_blob, plane_raw, plane_enc):
+def header_sizes(delta, raw_len, plane_blob, plane_raw, plane_enc, zero_part=0):
     """Header bytes of every blob: ``delta`` and ``raw_len`` per blob; the planes as
-    columns (blob index, raw and encoded length), in blob order."""
+    columns (blob index, raw and encoded length), in blob order; ``zero_part``: bytes of
+    each blob's zero-block fields (``zero_part_sizes``; 0 without)."""
     np = _np()
     delta = np.asarray(delta, dtype=bool)
     per_plane = 2 + varint_sizes(plane_raw) + varint_sizes(plane_enc)
     planes = np.bincount(np.asarray(plane_blob, dtype=np.int64), weights=per_plane,
                          minlength=len(delta)).astype(np.int64)
-    return _FIXED.size + 8 * delta + varint_sizes(raw_len) + planes
+    return _FIXED.size + 8 * delta + varint_sizes(raw_len) + planes + zero_part
+
+
+def zero_part_sizes(raw_len, log2, kept_len):
+    """Bytes of the zero-block fields of every blob (``log2`` 0: none)."""
+    np = _np()
+    log2 = np.asarray(log2, dtype=np.int64)
+    raw_len = np.asarray(raw_len, dtype=np.int64)
+    nblocks = -(-raw_len // (np.int64(1) << np.maximum(log2, 0)))
+    return np.where(log2 > 0, 1 + varint_sizes(np.maximum(kept_len, 0)) + (nblocks + 7) // 8, 0)
 
 
 def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
-                plane_blob, plane_cid, plane_major, plane_raw, plane_enc):
+                plane_blob, plane_cid, plane_major, plane_raw, plane_enc, zero_blocks=None):
     """Every blob's header (as ``header`` writes it), back to back.
 
     Per blob: dtype code, flags, layout, checksum, base checksum (read when the delta
     flag is set), raw length; per plane (columns in blob order): blob index, codec id,
-    codec major, raw and encoded length. Returns (uint8 array, start of each header,
-    length of each header).
+    codec major, raw and encoded length. ``zero_blocks``: (block log2 per blob, 0 for
+    blobs without; kept length per blob; every keep map back to back, uint8), read for
+    blobs with the zero-blocks flag. Returns (uint8 array, start of each header, length
+    of each header).
     """
     np = _np()
     flags = np.asarray(flags, dtype=np.int64)
     if np.any(flags & ~KNOWN_FLAGS):
         raise ValueError("unknown container flags")
+    zb = (flags & FLAG_ZERO_BLOCKS) != 0
+    if zero_blocks is None:
+        if zb.any():
+            raise ValueError("the zero-blocks flag needs keep maps")
+        zlog = zkept = np.zeros(len(flags), dtype=np.int64)
+        zmaps = np.zeros(0, dtype=np.uint8)
+    else:
+        zlog, zkept, zmaps = (np.asarray(x) for x in zero_blocks)
+        zlog = np.where(zb, zlog, 0).astype(np.int64)
+        if np.any(zb & ((zlog < MIN_BLOCK_LOG2) | (zlog > MAX_BLOCK_LOG2))):
+            raise ValueError("zero-block size out of range")
+        if np.any(zb & ((flags & FLAG_DELTA) != 0)):
+            raise ValueError("a delta chunk cannot leave out zero blocks")
     nb = len(flags)
     pb = np.asarray(plane_blob, dtype=np.int64)
     nplanes = np.bincount(pb, minlength=nb)
@@ -217,7 +378,8 @@ def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
     # per plane two bytes and two varints
     w_len, w_raw, w_enc = varint_sizes(raw_len), varint_sizes(praw), varint_sizes(penc)
     per_plane = 2 + w_raw + w_enc
-    pstart = _FIXED.size + 8 * delta + w_len                 # offset of plane 0's fields
+    zpart = zero_part_sizes(raw_len.astype(np.int64), zlog, zkept)
+    pstart = _FIXED.size + 8 * delta + w_len + zpart         # offset of plane 0's fields
     excl = np.cumsum(per_plane) - per_plane
     first = np.cumsum(nplanes) - nplanes
     lens = pstart + np.bincount(pb, weights=per_plane, minlength=nb).astype(np.int64)
@@ -235,6 +397,18 @@ def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
         base = np.asarray(base_checksum, "<u8")[delta]
         out[starts[delta][:, None] + 18 + eight] = base.view(np.uint8).reshape(-1, 8)
     _put_varints(out, starts + _FIXED.size + 8 * delta, raw_len, w_len)
+    if zb.any():
+        zq = np.flatnonzero(zb)
+        zat = (starts + _FIXED.size + 8 * delta + w_len)[zq]
+        out[zat] = zlog[zq]
+        kept = np.asarray(zkept, dtype=np.uint64)[zq]
+        w_kept = varint_sizes(kept)
+        _put_varints(out, zat + 1, kept, w_kept)
+        mlen = zpart[zq] - 1 - w_kept
+        if int(mlen.sum()) != len(zmaps):
+            raise ValueError("keep maps have the wrong total length")
+        mfirst = np.cumsum(mlen) - mlen
+        out[np.repeat(zat + 1 + w_kept - mfirst, mlen) + np.arange(int(mlen.sum()))] = zmaps
     at = starts[pb] + pstart[pb] + excl - np.append(excl, 0)[first][pb]
     out[at] = np.asarray(plane_cid)
     out[at + 1] = np.asarray(plane_major)
@@ -258,7 +432,9 @@ def _put_varints(out, at, values, widths) -> None:
 class Headers:
     """Many parsed headers as columns (what :func:`unpack_many` returns): per blob
     ``dtype_code``, ``flags``, ``layout``, ``checksum``, ``base_checksum`` (0 when not a
-    delta), ``raw_len``, ``nplanes``, ``payload_offset``, ``plane0`` (its first plane);
+    delta), ``raw_len``, ``nplanes``, ``payload_offset``, ``plane0`` (its first plane),
+    ``block_log2`` (0: no zero blocks), ``kept_len`` (``raw_len`` without zero blocks),
+    ``map_at`` / ``map_len`` (where its keep map is in the parsed bytes);
     per plane ``blob``, ``codec_id``, ``codec_major``, ``raw_len``, ``enc_len``, ``pos``
     (payload offset in its blob)."""
 
@@ -271,6 +447,15 @@ class Headers:
     @property
     def delta(self):
         return (self.flags & FLAG_DELTA) != 0
+
+    @property
+    def zero_blocks(self):
+        return self.block_log2 > 0
+
+    @property
+    def coded_len(self):
+        """Bytes the planes hold (the stored blocks of zero-block blobs)."""
+        return self.kept_len
 
 
 def unpack_many(buf, starts, totals, avail=None):
@@ -321,6 +506,24 @@ def unpack_many(buf, starts, totals, avail=None):
 
     raw_len, pos, over = varint(pos)
     bad |= over
+    # zero blocks: the block size, the kept length, where the keep map is in ``buf``
+    zb = (flags & FLAG_ZERO_BLOCKS) != 0
+    bad |= zb & delta
+    zlog = np.where(zb, byte(pos).astype(np.int64), 0)
+    bad |= zb & ((zlog < MIN_BLOCK_LOG2) | (zlog > MAX_BLOCK_LOG2))
+    zlog = np.where(bad & zb, MIN_BLOCK_LOG2, zlog)
+    kept, kpos, over = varint(pos + 1)
+    bad |= zb & over
+    raw_i = np.where(raw_len > np.uint64(1 << 62), 0, raw_len).astype(np.int64)
+    nblocks = np.where(zb, (raw_i + (np.int64(1) << zlog) - 1) >> zlog, 0)
+    mlen = (nblocks + 7) // 8
+    map_at = np.where(zb, kpos, 0)
+    pos = np.where(zb, kpos + mlen, pos)
+    kept = np.where(zb, kept, raw_len).astype(np.uint64)
+    if zb.any():
+        zq = np.flatnonzero(zb & ~bad & (pos <= limit))
+        bad[zq] |= _kept_lengths(pad, map_at[zq], nblocks[zq], zlog[zq], raw_i[zq]) \
+            != kept[zq].astype(np.int64)
     if npl.sum() > 0:
         pb = np.repeat(np.arange(nb), npl)
         first = np.cumsum(npl) - npl
@@ -354,9 +557,28 @@ def unpack_many(buf, starts, totals, avail=None):
     bad |= raw_len > np.uint64(1 << 62)
     excl = np.cumsum(enc_i) - enc_i
     ppos = np.repeat(hlen, npl) + excl - np.repeat(np.append(excl, 0)[first], npl)
+    bad |= kept > np.uint64(1 << 62)
     heads = Headers(dtype_code=dcode, flags=flags, layout=layout, checksum=checksum,
                     base_checksum=base, raw_len=raw_len.astype(np.int64), nplanes=npl,
                     payload_offset=hlen, plane0=first, blob=pb, codec_id=cid,
                     codec_major=cmaj, plane_raw=praw.astype(np.int64), enc_len=enc_i,
-                    pos=ppos)
+                    pos=ppos, block_log2=zlog, kept_len=kept.astype(np.int64),
+                    map_at=map_at, map_len=mlen)
     return heads, np.flatnonzero(bad)
+
+
+def _kept_lengths(a, at, nblocks, log2, raw_len):
+    """Bytes of the stored blocks of keep maps at ``at`` in byte array ``a``."""
+    np = _np()
+    mlen = (nblocks + 7) // 8
+    first = np.cumsum(mlen) - mlen
+    idx = np.repeat(at - first, mlen) + np.arange(int(mlen.sum()))
+    bits = np.unpackbits(a[idx], bitorder="little").astype(np.int64)
+    # every map padded to whole bytes: bits past a map's last block do not count
+    owner = np.repeat(np.arange(len(at)), 8 * mlen)
+    k = np.arange(len(bits)) - 8 * np.repeat(first, 8 * mlen)
+    live = k < nblocks[owner]
+    size = np.where(k == nblocks[owner] - 1,
+                    raw_len[owner] - (nblocks[owner] - 1) * (np.int64(1) << log2[owner]),
+                    np.int64(1) << log2[owner])
+    return np.bincount(owner, weights=bits * live * size, minlength=len(at)).astype(np.int64)

@@ -70,11 +70,11 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
             raise BaseMismatchError(
                 "this delta blob was written against a different base (its length or "
                 "checksum does not match); pass the exact base bytes it was coded with")
-    expected = _planes.plane_sizes(dt, head.layout, head.raw_len)
+    expected = _planes.plane_sizes(dt, head.layout, head.coded_len)
     if [p.raw_len for p in head.planes] != expected:
         raise FormatError(
             f"blob plane sizes {[p.raw_len for p in head.planes]} do not fit a "
-            f"{dt.name} layout-{head.layout} chunk of {head.raw_len} bytes")
+            f"{dt.name} layout-{head.layout} chunk of {head.coded_len} bytes")
     if _device.decode_on_gpu(device, head):
         from . import gpu
         out = _device.on_gpu_thread(gpu.decompress_planes, blob, head, dt)

@@ -164,4 +164,4 @@ def decode_cpu(blob, head: C.Header, dt: DType) -> bytes:
         payload = buf[pos: pos + ph.enc_len]
         pos += ph.enc_len
         planes.append(P.decoder_for(ph.codec_id, ph.codec_major).decode(payload, ph.raw_len))
-    return _planes.merge(planes, dt, head.layout, head.raw_len)
+    return C.expand(_planes.merge(planes, dt, head.layout, head.coded_len), head)

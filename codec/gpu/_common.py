@@ -166,6 +166,33 @@ def hash_buffers(b, ptrs: list[int], lens: list[int], keep: list):
     return out
 
 
+def block_flags(b, ptrs, lens, log2, keep: list):
+    """Launch the zero-block scan of many buffers: a device array of one byte per block
+    (1: the block holds a non-zero byte), buffers' blocks back to back; and the block
+    count of each buffer."""
+    lens = np.asarray(lens, dtype=np.int64)
+    log2 = np.asarray(log2, dtype=np.int64)
+    nblocks = (lens + (np.int64(1) << log2) - 1) >> log2
+    n = len(lens)
+    flags = b.zeros(max(int(nblocks.sum()), 1))
+    if n:
+        items = np.zeros((n, 4), dtype=np.uint64)
+        items[:, 0] = np.asarray(ptrs, dtype=np.uint64)
+        items[:, 1] = lens.astype(np.uint64)
+        items[:, 2] = (np.cumsum(nblocks) - nblocks).astype(np.uint64)
+        items[:, 3] = log2.astype(np.uint64)
+        d_items = b.empty(items.nbytes)
+        b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
+        for s in range(0, n, MAX_GRID_Y):
+            cnt = min(MAX_GRID_Y, n - s)
+            most = int(lens[s: s + cnt].max())
+            b.launch("block_flags", (max(1, min(-(-most // (256 * 128)), 4096)), cnt), 128,
+                     [b.ptr(d_items) + 32 * s, b.ptr(flags)])
+        keep += [items, d_items]
+    keep.append(flags)
+    return flags, nblocks
+
+
 SAMPLES = 8192          # bytes sampled per plane for the entropy estimate
 
 
@@ -232,9 +259,9 @@ class Segments:
         if kernel == "copy_segments":
             live = c > 0
             a, b_, c = _cut(a[live], b_[live], c[live])
-        else:
+        else:                                   # fills: (destination, length, byte)
             live = b_ > 0
-            a, b_, c = a[live], b_[live], c[live]
+            a, c, b_ = _cut(a[live], c[live], b_[live], move_src=False)
         if len(a) == 0:
             return
         segs = np.stack([a, b_, c], axis=1).astype(np.uint64).reshape(-1)
@@ -244,8 +271,9 @@ class Segments:
         keep += [segs, dev]
 
 
-def _cut(src: np.ndarray, dst: np.ndarray, ln: np.ndarray):
-    """Cut long copies into pieces so that one big plane does not run on one SM."""
+def _cut(src: np.ndarray, dst: np.ndarray, ln: np.ndarray, move_src: bool = True):
+    """Cut long copies (or fills: ``move_src=False`` keeps the second column, the byte)
+    into pieces so that one big plane does not run on one SM."""
     if len(ln) == 0:
         return src, dst, ln
     pieces = np.maximum(1, (ln + SEG_MAX - 1) // SEG_MAX).astype(np.int64)
@@ -254,7 +282,8 @@ def _cut(src: np.ndarray, dst: np.ndarray, ln: np.ndarray):
     idx = np.repeat(np.arange(len(ln)), pieces)
     k = np.arange(len(idx)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     off = (k * SEG_MAX).astype(np.uint64)
-    return src[idx] + off, dst[idx] + off, np.minimum(ln[idx] - off, SEG_MAX).astype(np.uint64)
+    return (src[idx] + off, dst[idx] + off if move_src else dst[idx],
+            np.minimum(ln[idx] - off, SEG_MAX).astype(np.uint64))
 
 
 def download_ranges(b, ranges: list[tuple[int, int]], keep: list) -> list[bytes]:

@@ -192,7 +192,7 @@ class _Decode:
             if cache[(code, lay)] is None:
                 return False
             dts.append(cache[(code, lay)])
-        pl = Plan(dts, heads.layout, heads.raw_len)
+        pl = Plan(dts, heads.layout, heads.coded_len)
         if not (np.array_equal(pl.np, heads.nplanes) and
                 np.array_equal(pl.raw, heads.plane_raw)):
             return False
@@ -244,6 +244,11 @@ class _Decode:
         self.pkind, self.ppos, self.pspec, self.pcount, self.psizes = \
             pkind, ppos, spec_of, pcount, sizes
         self.fill_val = fill_val
+        zq = np.flatnonzero(heads.block_log2)
+        mlen = heads.map_len[zq]
+        a = np.frombuffer(buf, dtype=np.uint8)
+        self.zero = (zq, heads.block_log2[zq], a[np.repeat(heads.map_at[zq] - (np.cumsum(mlen) - mlen),
+                                                           mlen) + np.arange(int(mlen.sum()))])
         return True
 
     def _headers_each(self) -> None:
@@ -275,11 +280,11 @@ class _Decode:
                 planes = [P.decoder_for(s.cid, s.major).decode(mv[s.pos: s.pos + s.enc],
                                                                ph.raw_len)
                           for s, ph in zip(srcs[i], h.planes)]
-                merged = _planes.merge(planes, dt, h.layout, h.raw_len)
-                srcs[i] = [_Src(P.RAW, 1, 0, h.raw_len, host=bytes(merged))]
+                merged = _planes.merge(planes, dt, h.layout, h.coded_len)
+                srcs[i] = [_Src(P.RAW, 1, 0, h.coded_len, host=bytes(merged))]
                 layouts[i] = _planes.FLAT
         for i, (h, row) in enumerate(zip(heads, srcs)):
-            for s, raw in zip(row, _planes.plane_sizes(dts[i], layouts[i], h.raw_len)):
+            for s, raw in zip(row, _planes.plane_sizes(dts[i], layouts[i], h.coded_len)):
                 if s.host is not None:
                     continue
                 if s.cid in CODEC_NAMES:
@@ -299,7 +304,11 @@ class _Decode:
         self.checksum = np.array([h.checksum for h in heads], dtype=np.uint64)
         self.base_checksum = np.array([h.base_checksum or 0 for h in heads], dtype=np.uint64)
         self.raw_len = np.array([h.raw_len for h in heads], dtype=np.int64)
-        self.pl = pl = Plan(dts, layouts, self.raw_len)
+        self.pl = pl = Plan(dts, layouts, [h.coded_len for h in heads])
+        zq = [i for i, h in enumerate(heads) if h.block]
+        self.zero = (np.array(zq, dtype=np.int64),
+                     np.array([heads[i].block.bit_length() - 1 for i in zq], dtype=np.int64),
+                     np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8))
         self.pkind = np.zeros(pl.nplanes, dtype=np.int64)
         self.ppos = np.zeros(pl.nplanes, dtype=np.int64)
         self.pspec = np.full(pl.nplanes, -1, dtype=np.int64)
@@ -376,6 +385,9 @@ class _Decode:
         """Planes merged into the outputs, XOR-ing bases back in."""
         self.out_dev, self.out_off = merge_planes(self.b, self.pl, self.scratch,
                                                   self.base_ptr, self.keep)
+        if len(self.zero[0]):
+            self.out_dev, self.out_off = expand_blocks(self.b, self.out_dev, self.out_off,
+                                                       self.raw_len, self.zero, self.keep)
         self.out_ptrs = self.b.ptr(self.out_dev) + self.out_off
         self.mark("merge")
 
@@ -536,6 +548,35 @@ def merge_planes(b, pl: Plan, scratch, base_ptr, keep: list):
     return out_dev, out_off
 
 
+def expand_blocks(b, out_dev, out_off, raw_len, zero, keep: list):
+    """Merged outputs with their zero blocks put back: a new buffer of every blob at its
+    full length (``zero``: the blobs with zero blocks, their block size log2, their keep
+    maps back to back); returns it and each output's offset."""
+    zq, zlog, maps = zero
+    size = (raw_len + ALIGN - 1) // ALIGN * ALIGN
+    off = np.cumsum(size) - size
+    full = b.empty(int(size.sum()))
+    keep.append(full)
+    fp, op = b.ptr(full), b.ptr(out_dev)
+    rl = raw_len[zq]
+    nblocks = (rl + (np.int64(1) << zlog) - 1) >> zlog
+    mlen = (nblocks + 7) // 8
+    mfirst = np.cumsum(mlen) - mlen
+    bits = np.unpackbits(maps, bitorder="little")
+    take = np.repeat(8 * mfirst, nblocks) + np.arange(int(nblocks.sum())) - \
+        np.repeat(np.cumsum(nblocks) - nblocks, nblocks)
+    (own, at, src, ln), _ = C.kept_runs_many(bits[take], nblocks, zlog, rl)
+    fills, copies = Segments(), Segments()
+    fills.add(fp + off[zq], rl, np.zeros(len(zq), dtype=np.int64))
+    plain = np.ones(len(raw_len), dtype=bool)
+    plain[zq] = False
+    copies.add(op + out_off[plain], fp + off[plain], raw_len[plain])
+    copies.add(op + out_off[zq][own] + src, fp + off[zq][own] + at, ln)
+    fills.launch(b, keep, "fill_segments")
+    copies.launch(b, keep)
+    return full, off
+
+
 def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, report=False,
             later=None):
     """Check every output (and base) against its header; raise on the first mismatch,
@@ -603,11 +644,11 @@ def _check_head(i: int, head: C.Header, has_base: bool, planes_only: bool) -> DT
     if head.layout not in getattr(_planes, "LAYOUTS", (_planes.FLAT, _planes.FLOAT, _planes.BYTES)):
         raise UnsupportedVersionError(
             f"blob uses plane layout {head.layout}, unknown to this s4fs; upgrade s4fs")
-    expected = _planes.plane_sizes(dt, head.layout, head.raw_len)
+    expected = _planes.plane_sizes(dt, head.layout, head.coded_len)
     if [p.raw_len for p in head.planes] != expected:
         raise FormatError(
             f"blob plane sizes {[p.raw_len for p in head.planes]} do not fit a "
-            f"{dt.name} layout-{head.layout} chunk of {head.raw_len} bytes")
+            f"{dt.name} layout-{head.layout} chunk of {head.coded_len} bytes")
     return dt
 
 

@@ -65,6 +65,9 @@ extern "C" void emu_sample_histograms(unsigned gx, unsigned gy, unsigned bx, u64
 extern "C" void emu_fill_segments(unsigned gx, unsigned gy, unsigned bx, u64 segs, u64 n) {
     run_grid(gx, gy, bx, [&] { fill_segments(P(const u64*, segs), n); });
 }
+extern "C" void emu_block_flags(unsigned gx, unsigned gy, unsigned bx, u64 items, u64 flags) {
+    run_grid(gx, gy, bx, [&] { block_flags(P(const u64*, items), P(u8*, flags)); });
+}
 extern "C" void emu_xxh3_run_blocks(unsigned gx, unsigned gy, unsigned bx, u64 runs, u64 n, u64 total, u64 sums) {
     run_grid(gx, gy, bx, [&] { xxh3_run_blocks(P(const u64*, runs), n, total, P(u64*, sums)); });
 }

@@ -5,6 +5,9 @@ benchmark's stage table):
 
 * stage in — inputs on the device (host inputs staged through pinned memory);
 * checksum — XXH3-64 of every input and base (3 launches);
+* zero blocks — which blocks of every full chunk are all zero (one launch, one small
+  readback); chunks with enough of them are coded from their other blocks, gathered in
+  one launch, and hashed again (the self-check restores those bytes);
 * split — planes into one scratch, XOR-ing delta bases on the fly, constant flags, first
   bytes, byte histograms (one launch per plane layout, two small ones);
 * readback — one small read of checksums, flags, first bytes and histograms;
@@ -40,6 +43,7 @@ from ._common import (
     Plan,
     Segments,
     Staging,
+    block_flags,
     entropy_bits,
     finish,
     gpu_layout,
@@ -71,6 +75,7 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
     run = _Encode(backend or cuda_backend(), profile, items, timer)
     run.stage_in()
     run.checksum()
+    run.zero_blocks()
     run.split()
     run.readback()
     run.choose_codecs()
@@ -119,6 +124,55 @@ class _Encode:
                                    self.keep)
         self.mark("checksum")
 
+    def zero_blocks(self) -> None:
+        """Find the all-zero blocks of every full chunk; a chunk where they hold at least
+        ``zero_block_share`` of the bytes is coded from its other blocks only (gathered
+        into one buffer, hashed again for the self-check), with a keep map in its header."""
+        b, keep, profile = self.b, self.keep, self.profile
+        n = len(self.datas)
+        self.full_len = np.array([d.nbytes for d in self.datas], dtype=np.int64)
+        self.zlog = np.zeros(n, dtype=np.int64)
+        self.zmaps = np.zeros(0, dtype=np.uint8)
+        self.d_zhash = None
+        cand = np.array([i for i, (d, x) in enumerate(zip(self.datas, self.bases))
+                         if x is None and d.nbytes >= 2 << C.MIN_BLOCK_LOG2], dtype=np.int64)
+        if not profile.zero_blocks or not len(cand):
+            return
+        lens = self.full_len[cand]
+        log2 = np.array([C.block_log2(int(x)) for x in lens], dtype=np.int64)
+        d_flags, nblocks = block_flags(b, [self.datas[i].ptr for i in cand.tolist()], lens,
+                                       log2, keep)
+        flags = np.empty(int(nblocks.sum()), dtype=np.uint8)
+        b.download(d_flags, 0, flags)
+        b.synchronize()
+        (own, off, at, ln), kept = C.kept_runs_many(flags, nblocks, log2, lens)
+        use = (lens - kept) >= profile.zero_block_share * lens
+        if not use.any():
+            self.mark("zero blocks")
+            return
+        run = use[own]
+        own, off, at, ln = own[run], off[run], at[run], ln[run]
+        slot = (kept + ALIGN - 1) // ALIGN * ALIGN * use
+        base = np.cumsum(slot) - slot
+        packed = b.empty(max(int(slot.sum()), 1))
+        keep.append(packed)
+        pp = b.ptr(packed)
+        src = np.array([d.ptr for d in self.datas], dtype=np.int64)[cand]
+        seg = Segments()
+        seg.add(src[own] + off, pp + base[own] + at, ln)
+        seg.launch(b, keep)
+        for k in np.flatnonzero(use).tolist():
+            self.datas[int(cand[k])] = Buffer(int(pp + base[k]), int(kept[k]))
+        zq = cand[use]
+        self.zlog[zq] = log2[use]
+        f0 = np.cumsum(nblocks) - nblocks
+        self.zmaps = np.concatenate(
+            [np.packbits(flags[f0[k]: f0[k] + nblocks[k]], bitorder="little")
+             for k in np.flatnonzero(use).tolist()])
+        self.d_zhash = hash_buffers(b, [self.datas[i].ptr for i in zq.tolist()],
+                                    [self.datas[i].nbytes for i in zq.tolist()], keep)
+        self.mark("zero blocks")
+
     def split(self) -> None:
         """Planes into one scratch buffer (XOR-ing bases on the fly), constant flags, the
         first byte of every plane and byte histograms of the codable ones."""
@@ -154,7 +208,14 @@ class _Encode:
         b.download(self.flags, 0, self.h_flags.view(np.uint8))
         b.download(self.firsts, 0, self.h_first)
         b.download(self.d_hist, 0, self.h_hist.view(np.uint8))
+        zq = np.flatnonzero(self.zlog)
+        self.h_zhash = np.empty(len(zq), dtype=np.uint64)
+        if len(zq):
+            b.download(self.d_zhash, 0, self.h_zhash.view(np.uint8))
         b.synchronize()
+        # what the self-check restores: the stored blocks of zero-block chunks
+        self.check_sums = self.h_hash[: len(self.datas)].copy()
+        self.check_sums[zq] = self.h_zhash
         self.mark("readback")
 
     def choose_codecs(self) -> None:
@@ -207,7 +268,8 @@ class _Encode:
         delta blobs that fall back to one raw plane (rare)."""
         b, datas, bases = self.b, self.datas, self.bases
         self.lay = lay = _decide(self.pl, self.base_ptr != 0, self.batches, self.h_hash,
-                                 self.h_flags, self.h_first, b.nvcomp_version)
+                                 self.h_flags, self.h_first, b.nvcomp_version,
+                                 (self.full_len, self.zlog, self.zmaps))
         self.xor_ptr: dict[int, int] = {}
         if len(lay.fallback):
             tot = 0
@@ -283,7 +345,7 @@ class _Encode:
             return
         items = self.items
         ok = _self_check(self.b, self.pl, self.lay, self.b.ptr(self.out_dev) + self.blob_off[:-1],
-                         self.base_ptr, self.h_hash[: len(self.datas)], self.h_first,
+                         self.base_ptr, self.check_sums, self.h_first,
                          self.dev_blobs, [it[2] for it in items], self.keep,
                          lambda stage: self.mark("check: " + stage))
         for i in np.flatnonzero(~ok).tolist():
@@ -442,10 +504,16 @@ def _as_read(pl, lay, at):
     if len(bad):
         raise CodecError(f"the encoder wrote {len(bad)} headers its reader refuses")
     codes = heads.dtype_code.tolist()
-    cpl = pl.shaped_as(codes, heads.layout, heads.raw_len)
+    cpl = pl.shaped_as(codes, heads.layout, heads.coded_len)
     if cpl is None:
         known = {c: from_code(c) for c in set(codes)}
-        cpl = Plan([known[c] for c in codes], heads.layout, heads.raw_len)
+        cpl = Plan([known[c] for c in codes], heads.layout, heads.coded_len)
+    zq = np.flatnonzero(heads.block_log2)
+    mlen = heads.map_len[zq]
+    maps = lay.meta[np.repeat(heads.map_at[zq] - (np.cumsum(mlen) - mlen), mlen)
+                    + np.arange(int(mlen.sum()))]
+    if not (np.array_equal(heads.block_log2, lay.zlog) and np.array_equal(maps, lay.zmaps)):
+        raise CodecError("the encoder wrote keep maps the decoder reads otherwise")
     cid, major, enc = heads.codec_id, heads.codec_major, heads.enc_len
     raw, const = cid == P.RAW, cid == P.CONST
     coded = np.isin(cid, list(CODEC_IDS.values()))
@@ -493,11 +561,13 @@ def _cpu_blob(data, dt: DType, base) -> bytes:
 RAW, CONST, CODED = 0, 1, 2      # a plane's final coding
 
 
-def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
+def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version, zero=None):
     """Pick each plane's coding and write every header into one metadata buffer:
     container headers (``codec._container``), then constant bytes, then nvCOMP payload
     tables. A blob is stored as one raw plane, as ``_cpu.pack_chunk`` does, when coding
-    does not pay; its delta needs the XOR then (``fallback``).
+    does not pay; its delta needs the XOR then (``fallback``). ``zero``: (every chunk's
+    length, block size log2 where it leaves out zero blocks (0: not), keep maps back to
+    back); the plan's chunks are then the stored blocks.
 
     Returns columns: per blob ``flat`` (one raw plane), ``delta``, ``hstart`` / ``hlen``
     (its header in ``meta``), ``blob_len``; per plane of the plan ``kind``, ``pos``
@@ -514,11 +584,15 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
     spec_cid = np.array([CODEC_IDS[s.name] for s in pl.specs] + [0], dtype=np.int64)
     cid = np.where(const, P.CONST, np.where(coded, spec_cid[pl.spec], P.RAW))
     major = np.where(const, P.Const.major, np.where(coded, 1, P.Raw.major))
-    flags = np.where(delta, C.FLAG_DELTA, 0)
-    planar = C.header_sizes(delta, pl.raw_len, pl.job, pl.raw, enc) + \
+    if zero is None:
+        zero = (pl.raw_len, np.zeros(nj, dtype=np.int64), np.zeros(0, dtype=np.uint8))
+    full_len, zlog, zmaps = zero
+    zpart = C.zero_part_sizes(full_len, zlog, pl.raw_len)
+    flags = np.where(delta, C.FLAG_DELTA, 0) | np.where(zlog > 0, C.FLAG_ZERO_BLOCKS, 0)
+    planar = C.header_sizes(delta, full_len, pl.job, pl.raw, enc, zpart) + \
         np.bincount(pl.job, weights=enc, minlength=nj).astype(np.int64)
     one = np.arange(nj)
-    flat_len = C.header_sizes(delta, pl.raw_len, one, pl.raw_len, pl.raw_len) + pl.raw_len
+    flat_len = C.header_sizes(delta, full_len, one, pl.raw_len, pl.raw_len, zpart) + pl.raw_len
     first_raw = np.append(kind, RAW)[pl.p0] == RAW          # (a chunk without planes: raw)
     flat = (planar >= flat_len) | ((pl.layout == _planes.FLAT) & first_raw)
     fallback = np.flatnonzero(flat & delta & (pl.layout != _planes.FLAT))
@@ -533,9 +607,9 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
     base_sums[delta] = h_hash[nj: nj + int(delta.sum())]
     heads, hstart, hlen = C.header_many(
         [dt.code for dt in pl.dts], flags, np.where(flat, _planes.FLAT, pl.layout), sums,
-        base_sums, pl.raw_len, hb[order], col(cid, np.full(nf, P.RAW)),
+        base_sums, full_len, hb[order], col(cid, np.full(nf, P.RAW)),
         col(major, np.full(nf, P.Raw.major)), col(pl.raw, pl.raw_len[flat]),
-        col(enc, pl.raw_len[flat]))
+        col(enc, pl.raw_len[flat]), (zlog, pl.raw_len, zmaps))
     # constant bytes, then payload tables, after the headers
     extra = np.full(npl, -1, dtype=np.int64)
     cq = np.flatnonzero(const & keep)
@@ -562,4 +636,4 @@ def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version):
                            blob_len=np.where(flat, flat_len, planar), kind=kind, pos=pos,
                            tsize=tsize, extra=extra, hextra=hextra, meta=meta,
                            fallback=fallback, delta=np.asarray(delta, dtype=bool),
-                           sizes=sizes)
+                           sizes=sizes, zlog=zlog, zmaps=zmaps)

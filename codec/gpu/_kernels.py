@@ -13,6 +13,7 @@ Kernels:
   planes whose bytes are all equal.
 * ``merge<...>`` — the inverse, XOR-ing the base back in.
 * ``copy_segments`` / ``fill_segments`` — batched gathers and fills (blob assembly).
+* ``block_flags`` — which blocks of many buffers hold a non-zero byte (zero blocks).
 * ``xxh3_run_blocks`` / ``xxh3_chain`` — XXH3 accumulators of a whole file laid out as
   runs of stripes in several buffers (``s4fs.save`` of device tensors: the file's
   XXH3-128 without the file existing anywhere in one piece).
@@ -584,6 +585,29 @@ extern "C" __global__ void fill_segments(const u64* segs, u64 nseg) {
         u64 len = segs[3 * s + 1];
         u8 val = (u8)segs[3 * s + 2];
         for (u64 i = threadIdx.x; i < len; i += blockDim.x) dst[i] = val;
+    }
+}
+// Which blocks of many buffers hold a non-zero byte. items: 4 u64 per buffer (blockIdx.y):
+// pointer, length, first flag index, log2 of the block size (at least 256); every thread
+// looks at 256-byte pieces and sets its block's flag (flags start zeroed; racing stores all
+// write 1).
+extern "C" __global__ void block_flags(const u64* items, u8* flags) {
+    const u64* it = items + 4 * blockIdx.y;
+    const u8* p = (const u8*)it[0];
+    u64 n = it[1], f0 = it[2], lg = it[3];
+    u64 npieces = (n + 255) / 256;
+    bool aligned = ((u64)p & 7) == 0;
+    u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < npieces; k += step) {
+        u64 at = 256 * k, len = n - at < 256 ? n - at : 256;
+        u64 any = 0;
+        if (aligned && len == 256) {
+            const u64* w = (const u64*)(p + at);
+            for (int i = 0; i < 32; ++i) any |= w[i];
+        } else {
+            for (u64 i = 0; i < len; ++i) any |= p[at + i];
+        }
+        if (any) flags[f0 + (at >> lg)] = 1;
     }
 }
 // ---------------------------------------------------------------- whole files

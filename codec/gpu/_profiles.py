@@ -43,6 +43,13 @@ class GpuProfile:
     instead (nvCOMP's ANS output is not byte-for-byte repeatable, and one benchmark run
     saw a blob fail its checksum on decode, so the encoder does not trust it blindly).
 
+    ``zero_blocks``: chunks (not deltas) in which all-zero blocks (4 KiB; larger in
+    chunks over 4 MiB) make up at least ``zero_block_share`` of the bytes are coded from
+    their other blocks only, with a keep map in the container header: optimizer state of
+    rows that saw no gradient, padding, pruned weights. ANS codes a zero stretch at a
+    cost per byte where the CPU path's coders pay almost nothing (measured on the H200,
+    AdamW ``exp_avg_sq`` of real MiniLM weights: 48.47 % stored without, CPU 46.79 %).
+
     ``layout``: ``"float"`` writes the ``FLOAT`` plane layout (packed signs, exponent
     planes, mantissa planes); ``"sm"`` writes ``FLOAT_SM`` where the dtype allows it
     (bf16, fp32, complex64: exponent byte, sign|top-7-mantissa byte, lower bytes),
@@ -63,6 +70,8 @@ class GpuProfile:
     max_entropy: float = 7.75
     zero_runs: str = "off"
     zero_share: float = 0.25
+    zero_blocks: bool = True
+    zero_block_share: float = 1 / 32
     verify: bool = True
 
     def __post_init__(self) -> None:
