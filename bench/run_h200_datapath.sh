@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -63,6 +63,19 @@ run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --
 run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device cpu --work /tmp
 run 60 python3 "$R/bench/fill.py" --gib 0.6 --repeat 2 --saves 3 --devices cpu,cuda
 run 80 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,adam --repeat 2 --profiles default,zero-runs --weights "$W"
+elif [ "$1" = zero-blocks ]; then   # zero-block fixtures, every GPU test, the codec on real data, the mounts
+mkdir -p "$OUT/fx"
+S4FS_WRITE_GPU_FIXTURES=1 S4FS_GPU_FIXTURE_DIR="$OUT/fx" run 60 $T "$R/tests/test_gpu.py" -k write_zero_block
+cp -r "$OUT/fx/zero-blocks" "$R/tests/fixtures/gpu/" 2>>"$LOG"
+run 200 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
+run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
+run 60 python3 "$R/bench/codec_gpu.py" --size 1 --sets adam --repeat 2 --profiles default:zero_blocks=false --weights "$W"
+run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device cuda --work /tmp
+run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device cpu --work /tmp
+elif [ "$1" = zero-blocks-2 ]; then   # the GPU tests and the codec after the zero-block host work went vectorized
+run 120 $T "$R/tests/test_gpu.py" "$R/tests/test_container_batch.py"
+run 100 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default,default:zero_blocks=false --weights "$W"
+run 70 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else

@@ -119,30 +119,48 @@ def kept_length(keep_map, raw_len: int, block: int) -> int:
 
 def kept_runs_many(bits, nblocks, log2, raw_len):
     """The stored runs of many chunks at once: ``bits`` (0/1 per block, every chunk's
-    blocks back to back), per chunk its block count, block size log2 and length. Returns
-    (chunk index, offset in the chunk, offset in its stored bytes, length) per run, and
-    every chunk's kept length."""
+    blocks back to back; a chunk may list extra 0 blocks past its end), per chunk its
+    block count, block size log2 and length. Returns (chunk index, offset in the chunk,
+    offset in its stored bytes, length) per run, and every chunk's kept length. Works
+    on the run boundaries only (a few array passes over the bits)."""
     np = _np()
-    bits = np.asarray(bits).astype(np.int8, copy=False)
+    b = np.asarray(bits).astype(np.int8, copy=False)
     nblocks = np.asarray(nblocks, dtype=np.int64)
     log2 = np.asarray(log2, dtype=np.int64)
     raw_len = np.asarray(raw_len, dtype=np.int64)
-    owner = np.repeat(np.arange(len(nblocks)), nblocks)
+    n = len(nblocks)
     f0 = np.cumsum(nblocks) - nblocks
-    j = np.arange(len(bits)) - f0[owner]                     # block index in its chunk
-    bsize = np.int64(1) << log2[owner]
-    size = np.where(j == nblocks[owner] - 1, raw_len[owner] - j * bsize, bsize) * (bits > 0)
-    kept = np.bincount(owner, weights=size, minlength=len(nblocks)).astype(np.int64)
-    excl = np.cumsum(size) - size                            # stored bytes before each block
-    excl = excl - np.append(excl, 0)[f0][owner] if len(bits) else excl
-    first = j == 0
-    last = j == nblocks[owner] - 1
-    prev = np.concatenate([[0], bits[:-1]]) if len(bits) else bits
-    nxt = np.concatenate([bits[1:], [0]]) if len(bits) else bits
-    start = np.flatnonzero((bits > 0) & (first | (prev == 0)))
-    end = np.flatnonzero((bits > 0) & (last | (nxt == 0)))
-    ln = (excl[end] + size[end]) - excl[start]
-    return (owner[start], j[start] * bsize[start], excl[start], ln), kept
+    d = np.diff(b, prepend=np.int8(0), append=np.int8(0))
+    # a run that crosses into the next chunk is cut at the chunk's first block
+    cut = f0[(nblocks > 0) & (f0 > 0)]
+    cut = cut[(b[cut] > 0) & (b[cut - 1] > 0)]
+    start = np.sort(np.concatenate([np.flatnonzero(d == 1), cut]))
+    end = np.sort(np.concatenate([np.flatnonzero(d == -1), cut]))
+    owner = np.searchsorted(f0, start, side="right") - 1
+    # (chunks without blocks share f0 with the next one: searchsorted finds the last)
+    lo = (start - f0[owner]) << log2[owner]
+    hi = np.minimum((end - f0[owner]) << log2[owner], raw_len[owner])
+    ln = np.maximum(hi - lo, 0)
+    kept = np.bincount(owner, weights=ln, minlength=n).astype(np.int64)
+    cs = np.cumsum(ln) - ln
+    first = np.searchsorted(owner, owner, side="left")
+    return (owner, lo, cs - cs[first], ln), kept
+
+
+def masked_maps(a, at, nblocks):
+    """Keep maps of many chunks gathered from byte array ``a`` (each at ``at``), the bits
+    past each chunk's last block cleared; returns them back to back and each one's
+    length in bytes."""
+    np = _np()
+    nblocks = np.asarray(nblocks, dtype=np.int64)
+    mlen = (nblocks + 7) // 8
+    first = np.cumsum(mlen) - mlen
+    maps = np.asarray(a)[np.repeat(np.asarray(at, dtype=np.int64) - first, mlen)
+                         + np.arange(int(mlen.sum()))].copy()
+    live = mlen > 0
+    tail = nblocks[live] - 8 * (mlen[live] - 1)               # bits used in the last byte
+    maps[(first + mlen - 1)[live]] &= ((1 << tail) - 1).astype(np.uint8)
+    return maps, mlen
 
 
 def expand(stored, head: Header) -> bytes:
@@ -570,15 +588,19 @@ def unpack_many(buf, starts, totals, avail=None):
 def _kept_lengths(a, at, nblocks, log2, raw_len):
     """Bytes of the stored blocks of keep maps at ``at`` in byte array ``a``."""
     np = _np()
-    mlen = (nblocks + 7) // 8
+    global _POPCOUNT
+    if _POPCOUNT is None:
+        _POPCOUNT = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(1)
+    maps, mlen = masked_maps(a, at, nblocks)
+    owner = np.repeat(np.arange(len(at)), mlen)
+    count = np.bincount(owner, weights=_POPCOUNT[maps], minlength=len(at)).astype(np.int64)
+    block = np.int64(1) << log2
+    last = nblocks - 1
+    lastbit = np.zeros(len(at), dtype=np.int64)
+    live = nblocks > 0
     first = np.cumsum(mlen) - mlen
-    idx = np.repeat(at - first, mlen) + np.arange(int(mlen.sum()))
-    bits = np.unpackbits(a[idx], bitorder="little").astype(np.int64)
-    # every map padded to whole bytes: bits past a map's last block do not count
-    owner = np.repeat(np.arange(len(at)), 8 * mlen)
-    k = np.arange(len(bits)) - 8 * np.repeat(first, 8 * mlen)
-    live = k < nblocks[owner]
-    size = np.where(k == nblocks[owner] - 1,
-                    raw_len[owner] - (nblocks[owner] - 1) * (np.int64(1) << log2[owner]),
-                    np.int64(1) << log2[owner])
-    return np.bincount(owner, weights=bits * live * size, minlength=len(at)).astype(np.int64)
+    lastbit[live] = (maps[first[live] + last[live] // 8] >> (last[live] % 8)) & 1
+    return count * block - lastbit * (block - (raw_len - last * block))
+
+
+_POPCOUNT = None

@@ -17,18 +17,39 @@ EDGES = [0, 1, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21, (1 << 32) + 5]
 
 
 def _blob(rng: random.Random):
-    delta = rng.random() < 0.5
+    """Header arguments of a random blob: a delta, a chunk with zero blocks (a random keep
+    map), or neither."""
+    kind = rng.choice(["delta", "zero blocks", "plain"])
     planes = [(rng.randint(0, 255), rng.randint(0, 3), rng.choice(EDGES + [rng.getrandbits(40)]),
                rng.choice(EDGES + [rng.getrandbits(33)])) for _ in range(rng.randint(0, 9))]
-    return (rng.randint(0, 40), C.FLAG_DELTA if delta else 0, rng.randint(0, 5),
-            rng.getrandbits(64), rng.getrandbits(64) if delta else None,
-            rng.choice(EDGES + [rng.getrandbits(50)]), planes)
+    raw_len = rng.choice(EDGES + [rng.getrandbits(50)])
+    flags, zero = 0, None
+    if kind == "delta":
+        flags = C.FLAG_DELTA
+    elif kind == "zero blocks":
+        raw_len = rng.choice(EDGES[:-1] + [(1 << 32) + 5, rng.getrandbits(26)])
+        log2 = C.block_log2(raw_len)
+        nblocks = -(-raw_len >> log2)
+        bits = np.array([rng.random() < 0.6 for _ in range(nblocks)], dtype=np.uint8)
+        keep_map = np.packbits(bits, bitorder="little").tobytes()
+        flags = C.FLAG_ZERO_BLOCKS
+        zero = (log2, C.kept_length(keep_map, raw_len, 1 << log2), keep_map)
+    return (rng.randint(0, 40), flags, rng.randint(0, 5), rng.getrandbits(64),
+            rng.getrandbits(64) if kind == "delta" else None, raw_len, planes, zero)
 
 
 def _columns(blobs):
     pb = [i for i, b in enumerate(blobs) for _ in b[6]]
     col = [[p[k] for b in blobs for p in b[6]] for k in range(4)]
     return pb, col
+
+
+def _zero_columns(blobs):
+    """``header_many``'s zero_blocks argument for the blobs."""
+    log2 = [b[7][0] if b[7] else 0 for b in blobs]
+    kept = [b[7][1] if b[7] else 0 for b in blobs]
+    maps = np.frombuffer(b"".join(b[7][2] for b in blobs if b[7]), dtype=np.uint8)
+    return log2, kept, maps
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -40,11 +61,15 @@ def test_header_many_writes_what_header_writes(seed):
         pb, col = _columns(blobs)
         out, starts, lens = C.header_many(
             [b[0] for b in blobs], [b[1] for b in blobs], [b[2] for b in blobs],
-            [b[3] for b in blobs], [b[4] or 0 for b in blobs], [b[5] for b in blobs], pb, *col)
+            [b[3] for b in blobs], [b[4] or 0 for b in blobs], [b[5] for b in blobs], pb, *col,
+            _zero_columns(blobs))
         assert out.tobytes() == b"".join(ref)
         assert lens.tolist() == [len(r) for r in ref]
         assert starts.tolist() == np.cumsum([0] + [len(r) for r in ref])[:-1].tolist()
-        sizes = C.header_sizes([b[1] for b in blobs], [b[5] for b in blobs], pb, col[2], col[3])
+        log2, kept, _ = _zero_columns(blobs)
+        sizes = C.header_sizes([b[1] & C.FLAG_DELTA for b in blobs], [b[5] for b in blobs], pb,
+                               col[2], col[3],
+                               C.zero_part_sizes([b[5] for b in blobs], log2, kept))
         assert sizes.tolist() == [len(r) for r in ref]
 
 
@@ -64,6 +89,10 @@ def test_unpack_many_reads_what_unpack_reads(seed):
                     int(heads.raw_len[i]), heads.payload_offset[i]) == \
                 (u.dtype_code, u.flags, u.layout, u.checksum, u.raw_len, u.payload_offset)
             assert int(heads.base_checksum[i]) == (u.base_checksum or 0)
+            assert (1 << int(heads.block_log2[i]) if heads.block_log2[i] else 0) == u.block
+            assert int(heads.kept_len[i]) == u.coded_len
+            at, n = int(heads.map_at[i]), int(heads.map_len[i])
+            assert b"".join(ref)[at: at + n] == u.keep_map
             q = range(heads.plane0[i], heads.plane0[i] + heads.nplanes[i])
             assert [(heads.codec_id[k], heads.codec_major[k], heads.plane_raw[k],
                      heads.enc_len[k]) for k in q] == \
@@ -142,3 +171,28 @@ def test_parse_many_reads_no_further_than_each_piece():
     assert bad.tolist() == [0]
     *_, bad = Y.parse_many(a + b, [0, len(a)], enc, [3 * 256, 256], [len(a), len(b)])
     assert bad.tolist() == []
+
+
+def test_zero_block_headers_refuse_what_no_writer_writes():
+    """A keep map that disagrees with the kept length, a block size out of range, or
+    zero blocks on a delta: both readers refuse the blob with a clear error."""
+    from s4fs.errors import FormatError
+    keep_map = bytes([0b101])
+    good = C.header(1, C.FLAG_ZERO_BLOCKS, 0, 5, None, 3 * 4096, [(0, 1, 8192, 8192)],
+                    (12, 8192, keep_map))
+    assert C.unpack(good + bytes(8192)).kept_len == 8192
+    at = good.index(bytes([12]), 18)
+    wrong_kept = C.header(1, C.FLAG_ZERO_BLOCKS, 0, 5, None, 3 * 4096, [(0, 1, 4096, 4096)],
+                          (12, 4096, keep_map))
+    small_block = bytearray(good)
+    small_block[at] = 11
+    both = bytearray(good)
+    both[7] |= C.FLAG_DELTA
+    for blob, n, what in [(wrong_kept, 4096, "keep map"), (bytes(small_block), 8192, "block"),
+                          (bytes(both), 8192, "delta")]:
+        with pytest.raises(FormatError, match=what):
+            C.unpack(blob + bytes(n))
+        _, bad = C.unpack_many(blob + bytes(n), [0], [len(blob) + n])
+        assert bad.tolist() == [0], what
+    with pytest.raises(ValueError):
+        C.header(1, C.FLAG_ZERO_BLOCKS | C.FLAG_DELTA, 0, 5, 6, 3 * 4096, [], (12, 8192, keep_map))

@@ -40,6 +40,7 @@ MANIFEST = os.path.join(FIXTURES, "manifest.json")
 # nvcomp-deflate / nvcomp-gdeflate blobs written by the CPU twins (zlib, nvCOMP's CPU
 # library): the same bitstreams the GPU writes and reads (test_codec_twins_decode_each_other)
 TWINS = os.path.join(FIXTURES, "twins")
+ZERO_BLOCKS = os.path.join(FIXTURES, "zero-blocks")     # container minor 2, written on a GPU
 gpu = pytest.mark.gpu
 
 
@@ -266,6 +267,104 @@ def test_emulated_zero_runs_take_gdeflate_and_round_trip(emu):
     assert _decode.decompress_many(blobs, backend=emu) == [x for x, _ in items]
     assert "nvcomp-gdeflate" in {p["codec"] for p in inspect(blobs[0]).planes}
     assert "nvcomp-gdeflate" not in {p["codec"] for p in inspect(blobs[1]).planes}
+
+
+def _zero_block_cases():
+    """Chunks with all-zero blocks in every place: at the start, to the end (the partial
+    last block included), alternating, all but one byte; optimizer state."""
+    rng = np.random.default_rng(5)
+    dense = rng.integers(1, 256, 64 * 4096 + 77, dtype=np.uint8)
+    cases = {}
+    x = dense.copy(); x[: 20 * 4096] = 0; cases["zeros at the start"] = x
+    x = dense.copy(); x[40 * 4096:] = 0; cases["zeros to the end (partial block)"] = x
+    x = dense.copy().reshape(-1)[: 64 * 4096].reshape(64, 4096); x[::2] = 0
+    cases["every other block"] = x.reshape(-1)
+    x = np.zeros(64 * 4096 + 77, dtype=np.uint8); x[123_457] = 9; cases["one byte"] = x
+    sq = (rng.standard_normal(300_000).astype(np.float32) * 1e-3) ** 2
+    sq[: 300_000 * 44 // 100] = 0
+    sq[200_000: 210_000] = 0
+    cases["exp_avg_sq"] = sq.view(np.uint8)
+    out = []
+    for name, arr in cases.items():
+        for dt in ("float32", "bfloat16", "uint8"):
+            data = arr.tobytes()
+            out.append((f"{name} {dt}", dt, data[: len(data) // lookup(dt).itemsize
+                                                  * lookup(dt).itemsize]))
+    return out
+
+
+@pytest.mark.parametrize("profile", ["default", "portable"])
+def test_emulated_zero_blocks_round_trip(emu, profile):
+    """Chunks with all-zero blocks are stored with a keep map and without those blocks:
+    every byte comes back through the batch decoder, the blob-by-blob decoder and (for
+    the portable profile) the CPU. (That this stores less is a GPU test: zlib, which
+    stands in for nvCOMP ANS here, codes zero runs almost for free anyway.)"""
+    import dataclasses
+
+    from s4fs.codec.gpu import PROFILES, _decode, _encode
+    prof = dataclasses.replace(PROFILES[profile], zero_blocks=True)
+    off = dataclasses.replace(prof, zero_blocks=False)
+    cases = _zero_block_cases()
+    items = [(data, dt) for _, dt, data in cases]
+    blobs = _encode.compress_many(items, profile=prof, backend=emu)
+    plain = _encode.compress_many(items, profile=off, backend=emu)
+    assert _decode.decompress_many(blobs, backend=emu) == [d for d, _ in items]
+    for (name, dt, data), blob, other in zip(cases, blobs, plain):
+        head = C.unpack(blob)
+        assert head.block == 4096 and head.kept_len < len(data), name
+        assert C.unpack(other).block == 0
+        assert len(blob) <= len(data) + 64, name
+        assert _decode.decompress_many([blob], backend=emu) == [data], name
+        if prof.portable:
+            assert decompress(blob, device="cpu") == data, name
+
+
+def test_emulated_zero_blocks_only_where_they_pay(emu):
+    """Dense chunks, chunks with a few zero blocks, all-zero chunks (constant planes) and
+    deltas keep every byte stored."""
+    from s4fs.codec.gpu import _decode, _encode
+    rng = np.random.default_rng(8)
+    dense = rng.integers(1, 256, 64 * 4096, dtype=np.uint8)
+    few = dense.copy()
+    few[:4096] = 0                                  # 1 of 64 blocks: under 1/32
+    base = dense.copy()
+    base[: 32 * 4096] = 0
+    items = [(dense.tobytes(), "uint8", None), (few.tobytes(), "uint8", None),
+             (bytes(len(dense)), "float32", None), (dense.tobytes(), "uint8", base.tobytes())]
+    blobs = _encode.compress_many(items, backend=emu)
+    assert [C.unpack(b).block for b in blobs] == [0, 0, 0, 0]
+    assert len(blobs[2]) < 64
+    assert _decode.decompress_many(blobs, [None, None, None, base.tobytes()],
+                                   backend=emu) == [x for x, _, _ in items]
+
+
+def test_emulated_zero_block_damage_is_an_error_never_wrong_bytes(emu):
+    """A flipped bit anywhere in a zero-block blob (its keep map included) gives a clear
+    error, or the exact bytes, in the batch decoder, blob by blob and on the CPU."""
+    import dataclasses
+
+    from s4fs.codec.gpu import PROFILES, _decode, _encode
+    rng = random.Random(3)
+    name, dt, data = _zero_block_cases()[0]
+    prof = dataclasses.replace(PROFILES["portable"], zero_blocks=True)
+    blob = _encode.compress_many([(data, dt)], profile=prof, backend=emu)[0]
+    head = C.unpack(blob)
+    map_at = blob.index(head.keep_map, 10)
+    spots = list(range(map_at, map_at + len(head.keep_map))) + \
+        [rng.randrange(len(blob)) for _ in range(40)]
+    errors = 0
+    for at in spots:
+        bad = bytearray(blob)
+        bad[at] ^= 1 << rng.randrange(8)
+        for decode in (lambda x: _decode.decompress_many([x], backend=emu)[0],
+                       lambda x: decompress(x, device="cpu")):
+            try:
+                out = decode(bytes(bad))
+            except CodecError:
+                errors += 1
+                continue
+            assert out == data, at
+    assert errors >= 2 * len(head.keep_map)
 
 
 def test_emulated_planes_are_the_cpu_planes(emu):
@@ -595,6 +694,101 @@ def test_write_golden_fixtures():
             assert decompress(blob, base=base, device="cuda") == data
     with open(os.path.join(target, "manifest.json"), "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
+
+
+def _zero_block_inputs():
+    rng = np.random.default_rng(20261202)
+    sq = (rng.standard_normal(1 << 18).astype(np.float32) * 1e-3) ** 2
+    sq[: (1 << 18) * 44 // 100] = 0                      # rows that saw no gradient
+    sq[200_000: 210_000] = 0
+    bf = (rng.standard_normal(1 << 18).astype(np.float32).view(np.uint32) >> 16)
+    bf = bf.astype(np.uint16)
+    bf.reshape(64, -1)[::3] = 0                          # pruned rows
+    return {"fp32-exp-avg-sq": ("float32", sq.tobytes()),
+            "bf16-pruned": ("bfloat16", bf.tobytes())}
+
+
+def _zero_block_profile(name):
+    import dataclasses
+    return dataclasses.replace(_profile(name), zero_blocks=True)
+
+
+@gpu
+@pytest.mark.skipif(not os.environ.get("S4FS_WRITE_GPU_FIXTURES"),
+                    reason="writes golden fixtures once (S4FS_WRITE_GPU_FIXTURES=1)")
+def test_write_zero_block_fixtures():
+    from s4fs.codec import gpu as G
+    target = os.path.join(os.environ.get("S4FS_GPU_FIXTURE_DIR", FIXTURES), "zero-blocks")
+    if os.path.exists(os.path.join(target, "manifest.json")):
+        pytest.skip("zero-block fixtures exist; they are never regenerated")
+    os.makedirs(target, exist_ok=True)
+    manifest = {}
+    for profile in ("default", "portable"):
+        for name, (dt, data) in _zero_block_inputs().items():
+            blob = G.compress(data, lookup(dt), profile=_zero_block_profile(profile))
+            assert C.unpack(blob).block, name
+            key = f"{name}.{profile}"
+            with open(os.path.join(target, key + ".s4"), "wb") as fh:
+                fh.write(blob)
+            manifest[key] = {"dtype": dt, "raw_len": len(data), "profile": profile,
+                             "sha256": hashlib.sha256(data).hexdigest(),
+                             "codecs": sorted({p["codec"] for p in inspect(blob).planes}),
+                             "nvcomp": ".".join(map(str, G.nvcomp_version() or ())),
+                             "base": None}
+            assert decompress(blob, device="cuda") == data
+    with open(os.path.join(target, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+
+
+def _zero_block_manifest() -> dict:
+    path = os.path.join(ZERO_BLOCKS, "manifest.json")
+    if not os.path.exists(path):
+        pytest.skip("zero-block fixtures are written on a GPU (S4FS_WRITE_GPU_FIXTURES=1)")
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def test_zero_block_fixtures_read_anywhere():
+    """GPU-written blobs with zero blocks: the portable ones decode on any CPU to their
+    exact bytes; ANS ones need a GPU and say so on a machine without one."""
+    for name, entry in _zero_block_manifest().items():
+        blob, _ = _fixture(name, entry, ZERO_BLOCKS)
+        head = C.unpack(blob)
+        assert head.block and head.kept_len < head.raw_len == entry["raw_len"], name
+        if "nvcomp-ans" in entry["codecs"] and not gpu_available():
+            with pytest.raises(CodecUnavailableError, match="GPU"):
+                decompress(blob, device="cpu")
+            continue
+        out = decompress(blob, device="auto")
+        assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
+
+
+@gpu
+def test_gpu_zero_block_fixtures():
+    from s4fs.codec import gpu as G
+    entries = _zero_block_manifest()
+    blobs = [_fixture(name, entry, ZERO_BLOCKS)[0] for name, entry in entries.items()]
+    outs = G.decompress_many(blobs)
+    for (name, entry), out in zip(entries.items(), outs):
+        assert hashlib.sha256(out).hexdigest() == entry["sha256"], name
+
+
+@gpu
+def test_gpu_zero_blocks_store_less():
+    """On nvCOMP ANS, leaving out the zero blocks stores optimizer state and pruned
+    weights smaller, and every byte comes back (batch, one by one, through decompress)."""
+    import dataclasses
+
+    from s4fs.codec import gpu as G
+    items = [(data, dt) for dt, data in _zero_block_inputs().values()]
+    on = G.compress_many(items, profile=_zero_block_profile("default"))
+    off = G.compress_many(items, profile=dataclasses.replace(_profile("default"),
+                                                             zero_blocks=False))
+    assert G.decompress_many(on) == [d for d, _ in items]
+    for (data, dt), a, b in zip(items, on, off):
+        assert C.unpack(a).block and not C.unpack(b).block
+        assert len(a) < 0.99 * len(b), (dt, len(a), len(b))
+        assert decompress(a, device="cuda") == data
 
 
 @pytest.mark.skipif(not os.environ.get("S4FS_WRITE_TWIN_FIXTURES"),

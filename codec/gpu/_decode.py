@@ -245,10 +245,10 @@ class _Decode:
             pkind, ppos, spec_of, pcount, sizes
         self.fill_val = fill_val
         zq = np.flatnonzero(heads.block_log2)
-        mlen = heads.map_len[zq]
-        a = np.frombuffer(buf, dtype=np.uint8)
-        self.zero = (zq, heads.block_log2[zq], a[np.repeat(heads.map_at[zq] - (np.cumsum(mlen) - mlen),
-                                                           mlen) + np.arange(int(mlen.sum()))])
+        zlog = heads.block_log2[zq]
+        nblocks = (heads.raw_len[zq] + (np.int64(1) << zlog) - 1) >> zlog
+        maps, _ = C.masked_maps(np.frombuffer(buf, dtype=np.uint8), heads.map_at[zq], nblocks)
+        self.zero = (zq, zlog, maps)
         return True
 
     def _headers_each(self) -> None:
@@ -306,9 +306,13 @@ class _Decode:
         self.raw_len = np.array([h.raw_len for h in heads], dtype=np.int64)
         self.pl = pl = Plan(dts, layouts, [h.coded_len for h in heads])
         zq = [i for i, h in enumerate(heads) if h.block]
+        maps = np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8)
+        mlen = np.array([len(heads[i].keep_map) for i in zq], dtype=np.int64)
+        maps, _ = C.masked_maps(maps, np.cumsum(mlen) - mlen,
+                                [-(-heads[i].raw_len // heads[i].block) for i in zq])
         self.zero = (np.array(zq, dtype=np.int64),
                      np.array([heads[i].block.bit_length() - 1 for i in zq], dtype=np.int64),
-                     np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8))
+                     maps)
         self.pkind = np.zeros(pl.nplanes, dtype=np.int64)
         self.ppos = np.zeros(pl.nplanes, dtype=np.int64)
         self.pspec = np.full(pl.nplanes, -1, dtype=np.int64)
@@ -560,12 +564,9 @@ def expand_blocks(b, out_dev, out_off, raw_len, zero, keep: list):
     fp, op = b.ptr(full), b.ptr(out_dev)
     rl = raw_len[zq]
     nblocks = (rl + (np.int64(1) << zlog) - 1) >> zlog
-    mlen = (nblocks + 7) // 8
-    mfirst = np.cumsum(mlen) - mlen
-    bits = np.unpackbits(maps, bitorder="little")
-    take = np.repeat(8 * mfirst, nblocks) + np.arange(int(nblocks.sum())) - \
-        np.repeat(np.cumsum(nblocks) - nblocks, nblocks)
-    (own, at, src, ln), _ = C.kept_runs_many(bits[take], nblocks, zlog, rl)
+    # every map is whole bytes, its bits past the last block clear: runs end before them
+    (own, at, src, ln), _ = C.kept_runs_many(np.unpackbits(maps, bitorder="little"),
+                                             8 * ((nblocks + 7) // 8), zlog, rl)
     fills, copies = Segments(), Segments()
     fills.add(fp + off[zq], rl, np.zeros(len(zq), dtype=np.int64))
     plain = np.ones(len(raw_len), dtype=bool)

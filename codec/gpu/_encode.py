@@ -145,30 +145,38 @@ class _Encode:
         flags = np.empty(int(nblocks.sum()), dtype=np.uint8)
         b.download(d_flags, 0, flags)
         b.synchronize()
-        (own, off, at, ln), kept = C.kept_runs_many(flags, nblocks, log2, lens)
-        use = (lens - kept) >= profile.zero_block_share * lens
+        f0 = np.cumsum(nblocks) - nblocks
+        stored = np.add.reduceat(flags, f0, dtype=np.int64) if len(flags) else nblocks * 0
+        # blocks left out: at least the profile's share, and not every block (an all-zero
+        # chunk is cheaper as constant planes)
+        use = (nblocks - stored >= profile.zero_block_share * nblocks) & (stored > 0)
         if not use.any():
             self.mark("zero blocks")
             return
-        run = use[own]
-        own, off, at, ln = own[run], off[run], at[run], ln[run]
-        slot = (kept + ALIGN - 1) // ALIGN * ALIGN * use
+        uq = np.flatnonzero(use)
+        take = flags if use.all() else flags[np.repeat(f0[uq] - (np.cumsum(nblocks[uq]) -
+                                                                 nblocks[uq]), nblocks[uq])
+                                             + np.arange(int(nblocks[uq].sum()))]
+        (own, off, at, ln), kept = C.kept_runs_many(take, nblocks[uq], log2[uq], lens[uq])
+        slot = (kept + ALIGN - 1) // ALIGN * ALIGN
         base = np.cumsum(slot) - slot
         packed = b.empty(max(int(slot.sum()), 1))
         keep.append(packed)
         pp = b.ptr(packed)
-        src = np.array([d.ptr for d in self.datas], dtype=np.int64)[cand]
+        src = np.array([self.datas[i].ptr for i in cand[uq].tolist()], dtype=np.int64)
         seg = Segments()
         seg.add(src[own] + off, pp + base[own] + at, ln)
         seg.launch(b, keep)
-        for k in np.flatnonzero(use).tolist():
-            self.datas[int(cand[k])] = Buffer(int(pp + base[k]), int(kept[k]))
-        zq = cand[use]
-        self.zlog[zq] = log2[use]
-        f0 = np.cumsum(nblocks) - nblocks
-        self.zmaps = np.concatenate(
-            [np.packbits(flags[f0[k]: f0[k] + nblocks[k]], bitorder="little")
-             for k in np.flatnonzero(use).tolist()])
+        zq = cand[uq]
+        for k, i in enumerate(zq.tolist()):
+            self.datas[i] = Buffer(int(pp + base[k]), int(kept[k]))
+        self.zlog[zq] = log2[uq]
+        if not np.any(nblocks[uq] % 8):
+            self.zmaps = np.packbits(take, bitorder="little")
+        else:
+            u0 = np.cumsum(nblocks[uq]) - nblocks[uq]
+            self.zmaps = np.concatenate([np.packbits(take[a: a + m], bitorder="little")
+                                         for a, m in zip(u0.tolist(), nblocks[uq].tolist())])
         self.d_zhash = hash_buffers(b, [self.datas[i].ptr for i in zq.tolist()],
                                     [self.datas[i].nbytes for i in zq.tolist()], keep)
         self.mark("zero blocks")

@@ -112,8 +112,9 @@ FLOAT = GpuProfile(name="float", layout="float")
 # the design's split: ANS on exponents, GDeflate (entropy-only) on mantissas
 GDEFLATE_MANTISSA = GpuProfile(name="gdeflate-mantissa", layout="float", mantissa="gdeflate")
 # every plane decodes on any CPU (zlib)
+# (zero blocks off: Deflate codes zero runs almost for free itself)
 PORTABLE = GpuProfile(name="portable", layout="float", exponent="deflate", mantissa="deflate",
-                      other="deflate")
+                      other="deflate", zero_blocks=False)
 
 # the default, with GDeflate's LZ mode on planes with many zero bytes (optimizer state)
 ZERO_RUNS = GpuProfile(name="zero-runs", zero_runs="gdeflate")
