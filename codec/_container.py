@@ -90,31 +90,30 @@ def block_log2(raw_len: int) -> int:
     return max(MIN_BLOCK_LOG2, min(MAX_BLOCK_LOG2, need))
 
 
+def block_counts(raw_len, log2):
+    """Blocks of 2**``log2`` bytes in chunks of ``raw_len`` bytes (ints or arrays)."""
+    return (raw_len + (1 << log2) - 1) >> log2
+
+
 def map_bytes(raw_len: int, log2: int) -> int:
-    return -(-(-(-raw_len >> log2)) // 8) if raw_len else 0
+    """Bytes of the keep map of a chunk of ``raw_len`` bytes."""
+    return (block_counts(raw_len, log2) + 7) // 8
 
 
 def kept_runs(keep_map, raw_len: int, block: int):
-    """The stored runs of a chunk from its keep map: (offset in the chunk, offset in the
-    stored bytes, length) arrays, and the zero runs as (offset, length) arrays."""
+    """The stored runs of one chunk from its keep map (``kept_runs_many`` for one):
+    (offset in the chunk, offset in the stored bytes, length) arrays."""
     np = _np()
-    nblocks = -(-raw_len // block)
-    bits = np.unpackbits(np.frombuffer(bytes(keep_map), dtype=np.uint8),
-                         bitorder="little")[:nblocks].astype(np.int8)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], bits, [0]])))
-    kstart, kend = edges[0::2] * block, np.minimum(edges[1::2] * block, raw_len)
-    klen = kend - kstart
-    ksrc = np.cumsum(klen) - klen
-    zedges = np.flatnonzero(np.diff(np.concatenate([[1], bits, [1]])))
-    zstart, zend = zedges[0::2] * block, np.minimum(zedges[1::2] * block, raw_len)
-    return (kstart.astype(np.int64), ksrc.astype(np.int64), klen.astype(np.int64),
-            zstart.astype(np.int64), (zend - zstart).astype(np.int64))
+    log2 = block.bit_length() - 1
+    n = block_counts(raw_len, log2)
+    bits = np.unpackbits(np.frombuffer(bytes(keep_map), dtype=np.uint8), bitorder="little")
+    (_, at, src, ln), _ = kept_runs_many(bits[:n], [n], [log2], [raw_len])
+    return at, src, ln
 
 
 def kept_length(keep_map, raw_len: int, block: int) -> int:
     """Bytes of the stored blocks a keep map names."""
-    _, _, klen, _, _ = kept_runs(keep_map, raw_len, block)
-    return int(klen.sum())
+    return int(kept_runs(keep_map, raw_len, block)[2].sum())
 
 
 def kept_runs_many(bits, nblocks, log2, raw_len):
@@ -147,6 +146,22 @@ def kept_runs_many(bits, nblocks, log2, raw_len):
     return (owner, lo, cs - cs[first], ln), kept
 
 
+def padded_bits(bits, starts, nblocks):
+    """Chunks' block bits (``nblocks`` each from ``starts`` in ``bits``), each padded with
+    0 to whole bytes, back to back: ``np.packbits`` makes their keep maps of them, and
+    ``kept_runs_many`` takes them with the padded counts. Returns them and those counts."""
+    np = _np()
+    starts = np.asarray(starts, dtype=np.int64)
+    nblocks = np.asarray(nblocks, dtype=np.int64)
+    width = 8 * ((nblocks + 7) // 8)
+    out = np.zeros(int(width.sum()), dtype=np.uint8)
+    nfirst = np.cumsum(nblocks) - nblocks
+    k = np.arange(int(nblocks.sum()))
+    out[np.repeat(np.cumsum(width) - width - nfirst, nblocks) + k] = \
+        np.asarray(bits)[np.repeat(starts - nfirst, nblocks) + k]
+    return out, width
+
+
 def masked_maps(a, at, nblocks):
     """Keep maps of many chunks gathered from byte array ``a`` (each at ``at``), the bits
     past each chunk's last block cleared; returns them back to back and each one's
@@ -170,7 +185,7 @@ def expand(stored, head: Header) -> bytes:
     np = _np()
     src = np.frombuffer(memoryview(stored).cast("B"), dtype=np.uint8)
     out = np.zeros(head.raw_len, dtype=np.uint8)
-    dst, at, ln, _, _ = kept_runs(head.keep_map, head.raw_len, head.block)
+    dst, at, ln = kept_runs(head.keep_map, head.raw_len, head.block)
     for d, a, n in zip(dst.tolist(), at.tolist(), ln.tolist()):
         out[d: d + n] = src[a: a + n]
     return out.tobytes()
@@ -353,9 +368,8 @@ def zero_part_sizes(raw_len, log2, kept_len):
     """Bytes of the zero-block fields of every blob (``log2`` 0: none)."""
     np = _np()
     log2 = np.asarray(log2, dtype=np.int64)
-    raw_len = np.asarray(raw_len, dtype=np.int64)
-    nblocks = -(-raw_len // (np.int64(1) << np.maximum(log2, 0)))
-    return np.where(log2 > 0, 1 + varint_sizes(np.maximum(kept_len, 0)) + (nblocks + 7) // 8, 0)
+    mlen = map_bytes(np.asarray(raw_len, dtype=np.int64), log2)
+    return np.where(log2 > 0, 1 + varint_sizes(np.maximum(kept_len, 0)) + mlen, 0)
 
 
 def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
@@ -533,7 +547,7 @@ def unpack_many(buf, starts, totals, avail=None):
     kept, kpos, over = varint(pos + 1)
     bad |= zb & over
     raw_i = np.where(raw_len > np.uint64(1 << 62), 0, raw_len).astype(np.int64)
-    nblocks = np.where(zb, (raw_i + (np.int64(1) << zlog) - 1) >> zlog, 0)
+    nblocks = np.where(zb, block_counts(raw_i, zlog), 0)
     mlen = (nblocks + 7) // 8
     map_at = np.where(zb, kpos, 0)
     pos = np.where(zb, kpos + mlen, pos)

@@ -13,6 +13,7 @@ import numpy as np
 
 from s4fs.errors import CodecError
 
+from .. import _container as C
 from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType
@@ -172,7 +173,7 @@ def block_flags(b, ptrs, lens, log2, keep: list):
     count of each buffer."""
     lens = np.asarray(lens, dtype=np.int64)
     log2 = np.asarray(log2, dtype=np.int64)
-    nblocks = (lens + (np.int64(1) << log2) - 1) >> log2
+    nblocks = C.block_counts(lens, log2)
     n = len(lens)
     flags = b.zeros(max(int(nblocks.sum()), 1))
     if n:

@@ -246,8 +246,8 @@ class _Decode:
         self.fill_val = fill_val
         zq = np.flatnonzero(heads.block_log2)
         zlog = heads.block_log2[zq]
-        nblocks = (heads.raw_len[zq] + (np.int64(1) << zlog) - 1) >> zlog
-        maps, _ = C.masked_maps(np.frombuffer(buf, dtype=np.uint8), heads.map_at[zq], nblocks)
+        maps, _ = C.masked_maps(np.frombuffer(buf, dtype=np.uint8), heads.map_at[zq],
+                                C.block_counts(heads.raw_len[zq], zlog))
         self.zero = (zq, zlog, maps)
         return True
 
@@ -309,7 +309,8 @@ class _Decode:
         maps = np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8)
         mlen = np.array([len(heads[i].keep_map) for i in zq], dtype=np.int64)
         maps, _ = C.masked_maps(maps, np.cumsum(mlen) - mlen,
-                                [-(-heads[i].raw_len // heads[i].block) for i in zq])
+                                [C.block_counts(heads[i].raw_len, heads[i].block.bit_length() - 1)
+                                 for i in zq])
         self.zero = (np.array(zq, dtype=np.int64),
                      np.array([heads[i].block.bit_length() - 1 for i in zq], dtype=np.int64),
                      maps)
@@ -387,11 +388,13 @@ class _Decode:
 
     def merge(self) -> None:
         """Planes merged into the outputs, XOR-ing bases back in."""
-        self.out_dev, self.out_off = merge_planes(self.b, self.pl, self.scratch,
-                                                  self.base_ptr, self.keep)
         if len(self.zero[0]):
-            self.out_dev, self.out_off = expand_blocks(self.b, self.out_dev, self.out_off,
-                                                       self.raw_len, self.zero, self.keep)
+            self.out_dev, self.out_off = merge_expanding(self.b, self.pl, self.scratch,
+                                                         self.base_ptr, self.raw_len,
+                                                         self.zero, self.keep)
+        else:
+            self.out_dev, self.out_off = merge_planes(self.b, self.pl, self.scratch,
+                                                      self.base_ptr, self.keep)
         self.out_ptrs = self.b.ptr(self.out_dev) + self.out_off
         self.mark("merge")
 
@@ -541,41 +544,50 @@ def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: Non
     return scratch
 
 
-def merge_planes(b, pl: Plan, scratch, base_ptr, keep: list):
+def merge_planes(b, pl: Plan, scratch, base_ptr, keep: list, out_ptrs=None):
     """Merge every chunk's planes into one output buffer, XOR-ing bases (non-zero
-    pointers) back in; returns the buffer and each output's offset in it."""
-    size = (pl.raw_len + ALIGN - 1) // ALIGN * ALIGN
-    out_off = np.cumsum(size) - size
-    out_dev = b.empty(int(size.sum()))
-    descs = pl.descriptors(b.ptr(out_dev) + out_off, base_ptr, b.ptr(scratch))
+    pointers) back in; returns the buffer and each output's offset in it. With
+    ``out_ptrs``: into those addresses instead (returns None, None)."""
+    out_dev = out_off = None
+    if out_ptrs is None:
+        size = (pl.raw_len + ALIGN - 1) // ALIGN * ALIGN
+        out_off = np.cumsum(size) - size
+        out_dev = b.empty(int(size.sum()))
+        out_ptrs = b.ptr(out_dev) + out_off
+    descs = pl.descriptors(out_ptrs, base_ptr, b.ptr(scratch))
     launch_planes(b, "merge", pl, descs, 0, keep)
     return out_dev, out_off
 
 
-def expand_blocks(b, out_dev, out_off, raw_len, zero, keep: list):
-    """Merged outputs with their zero blocks put back: a new buffer of every blob at its
-    full length (``zero``: the blobs with zero blocks, their block size log2, their keep
-    maps back to back); returns it and each output's offset."""
+def merge_expanding(b, pl: Plan, scratch, base_ptr, raw_len, zero, keep: list):
+    """``merge_planes`` for a batch with zero-block blobs (``zero``: their indices, block
+    size log2 and keep maps back to back): one buffer of every blob at its full length;
+    the other blobs merge straight into it, zero-block blobs into room past it, from where
+    their stored runs are copied to their places between zero fills. Returns the buffer
+    and each output's offset."""
     zq, zlog, maps = zero
     size = (raw_len + ALIGN - 1) // ALIGN * ALIGN
     off = np.cumsum(size) - size
-    full = b.empty(int(size.sum()))
-    keep.append(full)
-    fp, op = b.ptr(full), b.ptr(out_dev)
+    total = int(size.sum())
+    kept = (pl.raw_len[zq] + ALIGN - 1) // ALIGN * ALIGN
+    koff = total + np.cumsum(kept) - kept
+    out = b.empty(total + int(kept.sum()))
+    keep.append(out)
+    op = b.ptr(out)
+    at = op + off
+    at[zq] = op + koff
+    merge_planes(b, pl, scratch, base_ptr, keep, out_ptrs=at)
     rl = raw_len[zq]
-    nblocks = (rl + (np.int64(1) << zlog) - 1) >> zlog
+    nblocks = C.block_counts(rl, zlog)
     # every map is whole bytes, its bits past the last block clear: runs end before them
-    (own, at, src, ln), _ = C.kept_runs_many(np.unpackbits(maps, bitorder="little"),
-                                             8 * ((nblocks + 7) // 8), zlog, rl)
+    (own, dst, src, ln), _ = C.kept_runs_many(np.unpackbits(maps, bitorder="little"),
+                                              8 * ((nblocks + 7) // 8), zlog, rl)
     fills, copies = Segments(), Segments()
-    fills.add(fp + off[zq], rl, np.zeros(len(zq), dtype=np.int64))
-    plain = np.ones(len(raw_len), dtype=bool)
-    plain[zq] = False
-    copies.add(op + out_off[plain], fp + off[plain], raw_len[plain])
-    copies.add(op + out_off[zq][own] + src, fp + off[zq][own] + at, ln)
+    fills.add(op + off[zq], rl, np.zeros(len(zq), dtype=np.int64))
+    copies.add(op + koff[own] + src, op + off[zq][own] + dst, ln)
     fills.launch(b, keep, "fill_segments")
     copies.launch(b, keep)
-    return full, off
+    return out, off
 
 
 def _verify(b, checksum, base_checksum, raw_len, out_ptrs, base_ptr, keep, report=False,

@@ -125,8 +125,8 @@ class _Encode:
         self.mark("checksum")
 
     def zero_blocks(self) -> None:
-        """Find the all-zero blocks of every full chunk; a chunk where they hold at least
-        ``zero_block_share`` of the bytes is coded from its other blocks only (gathered
+        """Find the all-zero blocks of every full chunk; a chunk where they are at least
+        ``zero_block_share`` of its blocks is coded from its other blocks only (gathered
         into one buffer, hashed again for the self-check), with a keep map in its header."""
         b, keep, profile = self.b, self.keep, self.profile
         n = len(self.datas)
@@ -146,7 +146,7 @@ class _Encode:
         b.download(d_flags, 0, flags)
         b.synchronize()
         f0 = np.cumsum(nblocks) - nblocks
-        stored = np.add.reduceat(flags, f0, dtype=np.int64) if len(flags) else nblocks * 0
+        stored = np.add.reduceat(flags, f0, dtype=np.int64)
         # blocks left out: at least the profile's share, and not every block (an all-zero
         # chunk is cheaper as constant planes)
         use = (nblocks - stored >= profile.zero_block_share * nblocks) & (stored > 0)
@@ -154,29 +154,22 @@ class _Encode:
             self.mark("zero blocks")
             return
         uq = np.flatnonzero(use)
-        take = flags if use.all() else flags[np.repeat(f0[uq] - (np.cumsum(nblocks[uq]) -
-                                                                 nblocks[uq]), nblocks[uq])
-                                             + np.arange(int(nblocks[uq].sum()))]
-        (own, off, at, ln), kept = C.kept_runs_many(take, nblocks[uq], log2[uq], lens[uq])
+        bits, width = C.padded_bits(flags, f0[uq], nblocks[uq])
+        (own, off, at, ln), kept = C.kept_runs_many(bits, width, log2[uq], lens[uq])
         slot = (kept + ALIGN - 1) // ALIGN * ALIGN
         base = np.cumsum(slot) - slot
         packed = b.empty(max(int(slot.sum()), 1))
         keep.append(packed)
         pp = b.ptr(packed)
-        src = np.array([self.datas[i].ptr for i in cand[uq].tolist()], dtype=np.int64)
+        zq = cand[uq]
+        src = np.array([self.datas[i].ptr for i in zq.tolist()], dtype=np.int64)
         seg = Segments()
         seg.add(src[own] + off, pp + base[own] + at, ln)
         seg.launch(b, keep)
-        zq = cand[uq]
         for k, i in enumerate(zq.tolist()):
             self.datas[i] = Buffer(int(pp + base[k]), int(kept[k]))
         self.zlog[zq] = log2[uq]
-        if not np.any(nblocks[uq] % 8):
-            self.zmaps = np.packbits(take, bitorder="little")
-        else:
-            u0 = np.cumsum(nblocks[uq]) - nblocks[uq]
-            self.zmaps = np.concatenate([np.packbits(take[a: a + m], bitorder="little")
-                                         for a, m in zip(u0.tolist(), nblocks[uq].tolist())])
+        self.zmaps = np.packbits(bits, bitorder="little")
         self.d_zhash = hash_buffers(b, [self.datas[i].ptr for i in zq.tolist()],
                                     [self.datas[i].nbytes for i in zq.tolist()], keep)
         self.mark("zero blocks")
@@ -517,9 +510,8 @@ def _as_read(pl, lay, at):
         known = {c: from_code(c) for c in set(codes)}
         cpl = Plan([known[c] for c in codes], heads.layout, heads.coded_len)
     zq = np.flatnonzero(heads.block_log2)
-    mlen = heads.map_len[zq]
-    maps = lay.meta[np.repeat(heads.map_at[zq] - (np.cumsum(mlen) - mlen), mlen)
-                    + np.arange(int(mlen.sum()))]
+    maps, _ = C.masked_maps(lay.meta, heads.map_at[zq],
+                            C.block_counts(heads.raw_len[zq], heads.block_log2[zq]))
     if not (np.array_equal(heads.block_log2, lay.zlog) and np.array_equal(maps, lay.zmaps)):
         raise CodecError("the encoder wrote keep maps the decoder reads otherwise")
     cid, major, enc = heads.codec_id, heads.codec_major, heads.enc_len

@@ -44,7 +44,7 @@ class GpuProfile:
     saw a blob fail its checksum on decode, so the encoder does not trust it blindly).
 
     ``zero_blocks``: chunks (not deltas) in which all-zero blocks (4 KiB; larger in
-    chunks over 4 MiB) make up at least ``zero_block_share`` of the bytes are coded from
+    chunks over 4 MiB) are at least ``zero_block_share`` of the blocks are coded from
     their other blocks only, with a keep map in the container header: optimizer state of
     rows that saw no gradient, padding, pruned weights. ANS codes a zero stretch at a
     cost per byte where the CPU path's coders pay almost nothing (measured on the H200,
