@@ -43,6 +43,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from s4fs.errors import CodecError
+from s4fs.workers import ProcessWide
 
 if TYPE_CHECKING:
     from s4fs.workers import DecodeJob, Job, JobResult
@@ -307,22 +308,13 @@ class GpuPool:
             w.proc.join(timeout=5)
 
 
-_pool: GpuPool | None = None
-_pool_lock = threading.Lock()
+_shared = ProcessWide()
 
 
 def pool(nice: int = 0) -> GpuPool:
     """The process-wide GPU worker (one per daemon, shared by every file)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = GpuPool(nice, threads=THREADS, init=WORKER_INIT)
-        return _pool
+    return _shared.get(lambda: GpuPool(nice, threads=THREADS, init=WORKER_INIT))
 
 
 def shutdown() -> None:
-    global _pool
-    with _pool_lock:
-        p, _pool = _pool, None
-    if p is not None:
-        p.close()
+    _shared.shutdown()

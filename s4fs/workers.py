@@ -317,22 +317,39 @@ class Pool:
             ex.shutdown(wait=True, cancel_futures=True)
 
 
-_pool: Pool | None = None
-_pool_lock = threading.Lock()
+class ProcessWide:
+    """One pool per process, made on first use and shared by every file (the CPU
+    workers here, the GPU worker in ``s4fs.gpu_pool``)."""
+
+    def __init__(self) -> None:
+        self._pool = None
+        self._lock = threading.Lock()
+
+    @property
+    def current(self):
+        """The pool, or None when none was made (or it was shut down)."""
+        return self._pool
+
+    def get(self, make):
+        with self._lock:
+            if self._pool is None:
+                self._pool = make()
+            return self._pool
+
+    def shutdown(self) -> None:
+        with self._lock:
+            p, self._pool = self._pool, None
+        if p is not None:
+            p.close()
+
+
+_shared = ProcessWide()
 
 
 def pool(workers: int, nice: int = 0) -> Pool:
     """The process-wide coding pool (one per daemon, shared by every file)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = Pool(workers, nice)
-        return _pool
+    return _shared.get(lambda: Pool(workers, nice))
 
 
 def shutdown() -> None:
-    global _pool
-    with _pool_lock:
-        p, _pool = _pool, None
-    if p is not None:
-        p.close()
+    _shared.shutdown()

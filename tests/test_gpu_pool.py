@@ -76,7 +76,7 @@ def test_coded_in_the_gpu_process_exact_with_deltas(tmp_path):
         assert "nvcomp-deflate" in plane_codecs(fs, ms[0])
         pids = gpu_pool.pool().pids()
         assert pids and os.getpid() not in pids
-        assert workers._pool is None, "the CPU workers should not have been started"
+        assert workers._shared.current is None, "the CPU workers should not have been started"
         assert len(ms[0].own_packs) >= 2                       # batches of 2 MiB
         for m in ms[1:]:
             assert m.base is not None and m.stored_bytes() < len(series[0]) // 2
@@ -190,7 +190,7 @@ def test_cold_file_decoded_ahead_in_the_gpu_process(tmp_path):
         assert m.base is not None
         read_cold_then_wait_for_the_copy(other, m, series[-1])
         assert gpu_pool.pool().pids(), "the GPU worker did not decode ahead"
-        assert workers._pool is None
+        assert workers._shared.current is None
         with open(other.decoded.path_of(m.id), "rb") as f:
             assert f.read() == series[-1]
     finally:
