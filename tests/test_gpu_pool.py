@@ -7,7 +7,6 @@ on the H200 the same tests run with the real one (tests/test_gpu_save.py)."""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import torch
@@ -15,13 +14,13 @@ import torch
 from emulated_gpu import emulated_gpu
 from s4fs import gpu_pool, workers
 from s4fs.codec import inspect
-from s4fs.errors import CodecError
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig
-from s4fs.spool import Spool
 from s4fs.stores import LocalStore
-from test_workers import (adversarial_state, read, read_cold_then_wait_for_the_copy,
-                          read_fresh, save, torch_bytes, torch_load_pattern)
+from test_workers import (adversarial_state, change_the_spool_during_a_save,
+                          kill_workers_during_a_save, read,
+                          read_cold_then_wait_for_the_copy, read_fresh, save, torch_bytes,
+                          torch_load_pattern)
 
 GPU = dict(processes=True, workers=2, device="cuda", gpu_profile="portable",
            gpu_batch_bytes=2 << 20)
@@ -104,23 +103,7 @@ def test_spool_changed_under_the_gpu_worker_fails_not_stored(tmp_path):
     batch for the whole file, sent at finish(): the change always comes before it.)"""
     fs = make_fs(tmp_path, gpu_batch_bytes=256 << 20)
     try:
-        data = torch_bytes(adversarial_state())
-        save(fs, "ckpt.pt", data)
-        sp = Spool(fs.spool_dir, "ckpt.pt")
-        new = torch_bytes(adversarial_state(5))
-        sp.write(0, new)
-        s = fs.new_session("ckpt.pt", None, sp.name)
-        pos = 0
-        while pos < len(new):
-            piece = sp.read(pos, 1 << 20)
-            s.write(piece, stable=True)
-            pos += len(piece)
-        sp.write(len(new) // 2, b"\x00" * 8192)
-        with pytest.raises(CodecError, match="changed"):
-            s.finish()
-        s.abort()
-        sp.close()
-        assert read(fs, "ckpt.pt") == data
+        change_the_spool_during_a_save(fs, delta=False)
     finally:
         fs.close()
 
@@ -128,24 +111,8 @@ def test_spool_changed_under_the_gpu_worker_fails_not_stored(tmp_path):
 def test_a_killed_gpu_worker_fails_that_save_and_the_next_one_works(tmp_path):
     fs = make_fs(tmp_path, gpu_batch_bytes=64 << 20)
     try:
-        g = torch.Generator().manual_seed(3)
-        data = torch_bytes({f"t{i}": torch.randn(4 << 20, generator=g) for i in range(5)})
-        sp = Spool(fs.spool_dir, "ckpt.pt")
-        sp.write(0, data)
-        s = fs.new_session("ckpt.pt", None, sp.name)
-        s.write(sp.read(0, 70 << 20), stable=True)      # one 64 MiB batch goes out
-        inflight = s._proc._submitted[0].future
-        assert not inflight.done(), "the batch finished before the kill; make it larger"
-        for pid in gpu_pool.pool().pids():
-            os.kill(pid, signal.SIGKILL)
-        with pytest.raises(workers.WorkerDied, match="GPU worker process died while coding"):
-            s.write(sp.read(70 << 20, len(data)), stable=True)
-            s.finish()
-        s.abort()
-        sp.close()
-        assert not fs.exists("ckpt.pt")
-        save(fs, "ckpt.pt", data)                        # a fresh worker takes over
-        assert read_fresh(tmp_path, "ckpt.pt") == data
+        kill_workers_during_a_save(fs, tmp_path, lambda: gpu_pool.pool().pids(),
+                                   "GPU worker process died while coding")
     finally:
         fs.close()
 

@@ -153,53 +153,67 @@ def test_delta_series_exact_with_base_from_each_place(tmp_path, base_from):
         fs.close()
 
 
+def change_the_spool_during_a_save(fs, delta: bool) -> None:
+    """Save a version, then write a new one whose spool changes behind the session's
+    back before ``finish()`` (as a delta of the first, or whole): the save fails with
+    "changed" and the old version stays."""
+    data = torch_bytes(adversarial_state())
+    save(fs, "ckpt.pt", data)
+    sp = Spool(fs.spool_dir, "ckpt.pt")
+    new = torch_bytes(adversarial_state(5))
+    sp.write(0, new)
+    s = fs.new_session("ckpt.pt", fs.manifest("ckpt.pt") if delta else None, sp.name)
+    pos = 0
+    while pos < len(new):
+        piece = sp.read(pos, 1 << 20)
+        s.write(piece, stable=True)
+        pos += len(piece)
+    sp.write(len(new) // 2, b"\x00" * 8192)          # behind the session's back
+    with pytest.raises(CodecError, match="changed"):
+        s.finish()
+    s.abort()
+    sp.close()
+    assert read(fs, "ckpt.pt") == data               # the old version stays
+
+
 def test_spool_changed_under_the_workers_fails_not_stored(tmp_path):
     fs = make_fs(tmp_path)
     try:
-        data = torch_bytes(adversarial_state())
-        save(fs, "ckpt.pt", data)
-        sp = Spool(fs.spool_dir, "ckpt.pt")
-        new = torch_bytes(adversarial_state(5))
-        sp.write(0, new)
-        s = fs.new_session("ckpt.pt", fs.manifest("ckpt.pt"), sp.name)
-        pos = 0
-        while pos < len(new):
-            piece = sp.read(pos, 1 << 20)
-            s.write(piece, stable=True)
-            pos += len(piece)
-        sp.write(len(new) // 2, b"\x00" * 8192)      # behind the session's back
-        with pytest.raises(CodecError, match="changed"):
-            s.finish()
-        s.abort()
-        sp.close()
-        assert read(fs, "ckpt.pt") == data           # the old version stays
+        change_the_spool_during_a_save(fs, delta=True)
     finally:
         fs.close()
+
+
+def kill_workers_during_a_save(fs, tmp_path, pids, match: str) -> None:
+    """Save 80 MiB in 64 MiB batches and SIGKILL the coding processes (``pids()``) while
+    the first batch is out: that save fails with WorkerDied (``match``) and commits
+    nothing; the next save works (a fresh process takes over) and reads back exactly."""
+    g = torch.Generator().manual_seed(3)
+    data = torch_bytes({f"t{i}": torch.randn(4 << 20, generator=g) for i in range(5)})
+    sp = Spool(fs.spool_dir, "ckpt.pt")
+    sp.write(0, data)
+    s = fs.new_session("ckpt.pt", None, sp.name)
+    s.write(sp.read(0, 70 << 20), stable=True)          # one 64 MiB batch goes out
+    inflight = s._proc._submitted[0].future
+    assert not inflight.done(), "the batch finished before the kill; make it larger"
+    for pid in pids():
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(workers.WorkerDied, match=match):
+        s.write(sp.read(70 << 20, len(data)), stable=True)
+        s.finish()
+    s.abort()
+    sp.close()
+    assert not fs.exists("ckpt.pt")
+    save(fs, "ckpt.pt", data)
+    assert read_fresh(tmp_path, "ckpt.pt") == data
 
 
 def test_a_killed_worker_fails_that_save_and_the_next_one_works(tmp_path):
     fs = make_fs(tmp_path, batch_bytes=64 << 20)
     try:
-        g = torch.Generator().manual_seed(3)
-        data = torch_bytes({f"t{i}": torch.randn(4 << 20, generator=g) for i in range(5)})
         pool = workers.pool(2)
         pool.warm()
-        sp = Spool(fs.spool_dir, "ckpt.pt")
-        sp.write(0, data)
-        s = fs.new_session("ckpt.pt", None, sp.name)
-        s.write(sp.read(0, 70 << 20), stable=True)      # one 64 MiB batch goes out
-        inflight = s._proc._submitted[0].future
-        assert not inflight.done(), "the batch finished before the kill; make it larger"
-        for pid in pool.pids():
-            os.kill(pid, signal.SIGKILL)
-        with pytest.raises(workers.WorkerDied, match="died while coding 'ckpt.pt'"):
-            s.write(sp.read(70 << 20, len(data)), stable=True)
-            s.finish()
-        s.abort()
-        sp.close()
-        assert not fs.exists("ckpt.pt")
-        save(fs, "ckpt.pt", data)                    # a fresh pool takes over
-        assert read_fresh(tmp_path, "ckpt.pt") == data
+        kill_workers_during_a_save(fs, tmp_path, pool.pids, "died while coding 'ckpt.pt'")
     finally:
         fs.close()
 
