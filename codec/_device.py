@@ -108,12 +108,17 @@ def use_gpu(device: str, data=None) -> bool:
     return gpu_available() and (data is None or prefers_gpu(data))
 
 
+def has_gpu_planes(head) -> bool:
+    """Whether a blob (its parsed container header) has planes coded by nvCOMP, which
+    a GPU decodes (ANS only there)."""
+    return any(p.codec_id >= 16 for p in head.planes)       # the nvCOMP ids: 16, 17, 18
+
+
 def decode_on_gpu(device: str, head) -> bool:
     """Whether one ``decompress`` call runs on the GPU: under ``"auto"``, only blobs
     with planes coded by nvCOMP (every other plane decodes faster on the CPU here)."""
     check(device)
-    gpu_planes = any(p.codec_id >= 16 for p in head.planes)
-    if device == "cpu" or not gpu_planes and device == "auto":
+    if device == "cpu" or not has_gpu_planes(head) and device == "auto":
         return False
     return use_gpu(device)
 

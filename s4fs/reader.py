@@ -20,7 +20,7 @@ import time
 import xxhash
 
 from s4fs import codec, metrics
-from s4fs.codec import _container
+from s4fs.codec import _container, _device
 from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
@@ -42,11 +42,6 @@ def _corrupt(what: str):
         raise
     except (codec.FormatError, codec.BaseMismatchError) as exc:
         raise ChecksumError(f"{what} is corrupt: {exc}") from None
-
-
-def _gpu_planes(blob) -> bool:
-    """Whether ``blob`` has planes coded by nvCOMP (decoded on a GPU)."""
-    return any(p.codec_id >= 16 for p in _container.unpack(blob, whole=False).planes)
 
 
 class WholeFileHash:
@@ -272,7 +267,8 @@ class ChunkSource:
         blob = self.check_blob(ref, self.fetch_blob(ref))
         base = self.get(ref.base) if ref.base is not None else None
         with _corrupt(f"chunk at {ref.pack}@{ref.offset}"):
-            if self.offload is not None and _gpu_planes(blob):
+            if self.offload is not None and \
+                    _device.has_gpu_planes(_container.unpack(blob, whole=False)):
                 data = self.offload(blob, base)
                 if len(data) != ref.raw:
                     raise ChecksumError(f"chunk at {ref.pack}@{ref.offset} decoded to "
