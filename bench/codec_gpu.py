@@ -2,7 +2,11 @@
 
 Data: real all-MiniLM-L6-v2 weights (a safetensors file; ``--weights``), tiled on the
 device to ``--size`` GiB, as bf16 and fp32, plus AdamW-like ``exp_avg_sq`` derived from
-them; cut into ``--chunk`` MiB chunks as s4fs's ingest would. For every GPU profile it
+them; cut into ``--chunk`` MiB chunks as s4fs's ingest would: every tensor is its own
+storage, cut on its own (``--chunking storage``, the default), or the whole tile is cut as
+one stream (``--chunking concat``: chunks that mix tensors of different character, which
+no torch or safetensors file gives s4fs, and which an order-0 coder pays for where the
+CPU path's zstd does not). For every GPU profile it
 times the whole pipeline (checksum + split + nvCOMP + container) with blobs left on the
 device and with blobs copied to pinned host memory, both ways, checks the result bit
 for bit, and prints stored size next to nvCOMP ANS alone on the same planes and to the
@@ -30,6 +34,8 @@ def _args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=float, default=1.0, help="GiB of data per data set")
     p.add_argument("--chunk", type=float, default=4.0, help="MiB per chunk")
+    p.add_argument("--chunking", choices=("storage", "concat"), default="storage",
+                   help="cut every tensor on its own (as s4fs does) or the tile as one stream")
     p.add_argument("--repeat", type=int, default=3, help="timed runs (best is shown)")
     p.add_argument("--weights", default=None, help="safetensors file of fp32 weights")
     p.add_argument("--profiles",
@@ -99,7 +105,8 @@ class Timer:
 
 
 def _data(args, weights):
-    """{name: (dtype, flat CUDA tensor)} of >= size GiB each."""
+    """{name: (dtype, flat CUDA tensor)} of >= size GiB each, and the element count of
+    every tensor of the tile, in order."""
     import torch
     nbytes = int(args.size * GiB)
     if weights:
@@ -108,9 +115,11 @@ def _data(args, weights):
                    if t.dtype.is_floating_point]
         base = torch.cat(tensors).cuda()
         source = os.path.basename(weights)
+        sizes = [t.numel() for t in tensors]
     else:
         base = (torch.randn(16 << 20, device="cuda") * 0.02)
         source = "synthetic normal(0, 0.02)"
+        sizes = [base.numel()]
     out = {}
 
     def tile(t, n):
@@ -127,12 +136,21 @@ def _data(args, weights):
         sq = (base * 1e-3) ** 2 * torch.rand(base.shape, device="cuda", generator=g)
         sq.view(-1)[: sq.numel() * 44 // 100] = 0         # rows of unseen tokens
         out["fp32 adam exp_avg_sq"] = ("float32", tile(sq, nbytes))
-    return out, source
+    return out, source, sizes
 
 
-def _chunks(t, chunk_bytes):
+def _chunks(t, chunk_bytes, sizes=None):
+    """``t`` cut into chunks of ``chunk_bytes``; with ``sizes`` (the element counts of
+    the tensors ``t`` tiles) every tensor is cut on its own, as s4fs cuts storages."""
     per = max(1, chunk_bytes // t.element_size())
-    return [t[i: i + per] for i in range(0, t.numel(), per)]
+    if sizes is None:
+        return [t[i: i + per] for i in range(0, t.numel(), per)]
+    out, at, k = [], 0, 0
+    while at < t.numel():
+        end = min(at + sizes[k % len(sizes)], t.numel())
+        out += [t[i: min(i + per, end)] for i in range(at, end, per)]
+        at, k = end, k + 1
+    return out
 
 
 def _best(fn, repeat):
@@ -274,7 +292,7 @@ def run(args=None) -> None:
     from s4fs.errors import S4Error
     gpu.require()
     weights = _weights_path(args.weights)
-    data, source = _data(args, weights)
+    data, source, sizes = _data(args, weights)
     chunk_bytes = int(args.chunk * MiB)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     from s4fs.codec.gpu._backend import cuda_backend
@@ -282,11 +300,11 @@ def run(args=None) -> None:
     print(f"# GPU codec: {props['name'].decode()}, nvCOMP {'.'.join(map(str, gpu.nvcomp_version()))} "
           f"(ANS through its {api}), CuPy {cupy.__version__}, torch {torch.__version__}")
     print(f"# data: {source}, tiled to {args.size:g} GiB per set on the device, "
-          f"{args.chunk:g} MiB chunks; GB/s = 1e9 bytes of raw input per second, best of "
+          f"{args.chunk:g} MiB chunks, cut {'per tensor' if args.chunking == 'storage' else 'across tensors'}; GB/s = 1e9 bytes of raw input per second, best of "
           f"{args.repeat}\n")
     rows, stages = [], []
     for set_name, (dtype, flat) in data.items():
-        chunks = _chunks(flat, chunk_bytes)
+        chunks = _chunks(flat, chunk_bytes, sizes if args.chunking == "storage" else None)
         items = [(c, dtype) for c in chunks]
         raw = flat.numel() * flat.element_size()
         cpu_ratio, cpu_speed = _cpu(items, int(args.cpu_sample * MiB))

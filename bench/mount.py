@@ -135,14 +135,24 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def print_fill_log(cache: str, took: float) -> None:
-    """The daemon's account of a fresh node's decode ahead (``--daemon-log``)."""
+def log_size(cache: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(cache, "s4fs-mount.log"))
+    except OSError:
+        return 0
+
+
+def print_fill_log(cache: str, took: float, kind: str, since: int = 0) -> None:
+    """The daemon's account of a load (``--daemon-log``): its lines from byte ``since``
+    of its log about the open, the first read and the decode ahead."""
     try:
         with open(os.path.join(cache, "s4fs-mount.log")) as f:
-            lines = [ln.rstrip() for ln in f if "ahead" in ln]
+            f.seek(since)
+            lines = [ln.rstrip() for ln in f
+                     if any(w in ln for w in ("ahead", "first read", "released", "mounted", "batch"))]
     except OSError:
         return
-    print(f"# fresh-node load {took:.2f} s; the daemon's log says:", flush=True)
+    print(f"# {kind} load {took:.2f} s; the daemon's log says:", flush=True)
     for ln in lines:
         print("#   " + ln, flush=True)
 
@@ -210,9 +220,13 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                 if not drop_caches():
                     res["cold_m"] = res["fresh_m"] = res["cold_l"] = []
                     return res
+                now, since = time.time(), log_size(c)
+                began = (time.strftime("%H:%M:%S", time.localtime(now))
+                         + f".{int(now * 1000) % 1000:03d}")
                 res[kind].append(timed(lambda: torch.load(pm)))
-                if daemon_log and kind == "fresh_m":
-                    print_fill_log(c, res[kind][-1])
+                if daemon_log:
+                    print(f"# {kind}: torch.load began at {began}", flush=True)
+                    print_fill_log(c, res[kind][-1], kind, since)
                 if kind == "cold_m":
                     drop_caches()
                     res["cold_l"].append(timed(lambda: torch.load(pl)))

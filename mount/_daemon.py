@@ -92,6 +92,7 @@ def mounts_at(mountpoint: str) -> list[MountEntry]:
 
 READAHEAD_KB = 16384
 GPU_WARM_SECONDS = 120.0     # at most this long for the GPU worker to load its codec
+INIT_WAIT_SECONDS = 10.0     # at most this long for the kernel's INIT before reporting ready
 
 
 def _raise_readahead(mountpoint: str, kb: int = READAHEAD_KB) -> None:
@@ -232,16 +233,20 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                         return
             nursery.start_soon(stop_on_signal)
 
-            async def readahead_after_init():
-                # the kernel sets the read-ahead when it gets our INIT reply, from
-                # inside pyfuse3.main: raise it once that is done
-                await trio.sleep(0.5)
+            async def ready_after_init():
+                # The kernel caps the connection's read-ahead at 128 KiB when it gets
+                # our INIT reply (from inside pyfuse3.main), and a file takes its
+                # read-ahead when it is opened. So: wait until INIT is answered (a
+                # statfs of the mount returns only then), raise the read-ahead, and
+                # only then report the mount ready. A file opened earlier (a fresh
+                # node's first torch.load) would be read in 128 KiB requests all along.
+                await trio.to_thread.run_sync(_probe, mountpoint, INIT_WAIT_SECONDS)
                 await trio.to_thread.run_sync(_raise_readahead, mountpoint)
-            nursery.start_soon(readahead_after_init)
-            if ready_fd is not None:
-                os.write(ready_fd, b"1")
-                os.close(ready_fd)
-            _notify("READY=1")
+                if ready_fd is not None:
+                    os.write(ready_fd, b"1")
+                    os.close(ready_fd)
+                _notify("READY=1")
+            nursery.start_soon(ready_after_init)
             await pyfuse3.main(min_tasks=8, max_tasks=64)
             nursery.cancel_scope.cancel()
 

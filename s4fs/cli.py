@@ -500,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(mod.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="s4fs: %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s.%(msecs)03d s4fs: %(levelname)s %(name)s: "
+                               "%(message)s", datefmt="%H:%M:%S")
     from s4fs.errors import S4Error
     try:
         return int(args.fn(args) or 0)

@@ -177,6 +177,7 @@ class Fill:
             batches.insert(0, batches.pop(last))
         spec = pickle.dumps(store)
         self._left = self._batches = len(batches)
+        log.info("decoding %s ahead: %d batches", m.id, len(batches))
         if not batches:
             self._finish()
             return

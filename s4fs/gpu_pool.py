@@ -148,7 +148,8 @@ def _serve(conn, nice: int, parent: int, init: str | None, threads: int,
     as the daemon does (its standard error is the daemon's), at the daemon's level."""
     from s4fs.workers import _init_worker
     logging.basicConfig(level=log_level,
-                        format="s4fs: %(levelname)s %(name)s (GPU worker): %(message)s")
+                        format="%(asctime)s.%(msecs)03d s4fs: %(levelname)s %(name)s "
+                               "(GPU worker): %(message)s", datefmt="%H:%M:%S")
     _init_worker(nice, parent)
     if init:
         mod, _, fn = init.partition(":")

@@ -10,6 +10,7 @@ reads ahead when access is sequential (``torch.load`` reads record by record).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,8 @@ from s4fs.codec import _container, _device
 from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
+
+log = logging.getLogger("s4fs.reader")
 
 
 def _truncated(pack: str, offset: int, got: int, want: int) -> ChecksumError:
@@ -421,6 +424,7 @@ class ReadHandle:
         self.path = path
         self.opened = time.monotonic()
         self.nbytes = 0
+        self.nreads = 0
 
     @property
     def manifest(self) -> Manifest | None:
@@ -437,11 +441,14 @@ class ReadHandle:
         return self._reader.size if self._reader is not None else self._size_fn()
 
     def read(self, offset: int, size: int) -> bytes:
+        self.nreads += 1
         if self._reader is not None:
             buf = bytearray(max(0, min(size, self._reader.size - offset)))
             n = self.readinto(offset, buf)
             return bytes(buf[:n]) if n < 65536 else buf[:n]
         else:
+            if not self.nbytes and self._m is not None:
+                self._first_read(offset, size)
             data = os.pread(self._fd, max(0, min(size, self._size_fn() - offset)), offset)
             self._check(offset, data)
         self.nbytes += len(data)
@@ -461,7 +468,14 @@ class ReadHandle:
                 self._size_fn = lambda: size
                 self._fill, self._fd = got
 
+    def _first_read(self, offset: int, size: int) -> None:
+        log.info("%s: first read, %d bytes at %d, %.3f s after the open (%s)", self.path,
+                 size, offset, time.monotonic() - self.opened,
+                 "decoding" if self._reader is not None else "a local copy")
+
     def readinto(self, offset: int, dest) -> int:
+        if not self.nbytes and self._m is not None:
+            self._first_read(offset, len(dest))
         if self._fill_fn is not None:
             self._start_fill(offset, len(dest))
         fd, fill = self._fd, self._fill
@@ -499,6 +513,9 @@ class ReadHandle:
                 f"open the file again to read it from the store")
 
     def release(self) -> None:
+        if self.nbytes and self._m is not None:
+            log.info("%s: released after %d bytes read in %d reads, %.3f s after the open",
+                     self.path, self.nbytes, self.nreads, time.monotonic() - self.opened)
         if self.nbytes:
             metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)
             self.nbytes = 0
