@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -86,6 +86,18 @@ R=$R run 150 python3 "$R/.gpubench/prof.py" bf16
 run 120 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
 for d in cuda cpu; do
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device $d --work /tmp --daemon-log
+done
+elif [ "$1" = prof ]; then   # host profile of the codec on per-tensor chunks, then GPU-resident save/load
+R=$R run 120 python3 "$R/.gpubench/prof.py" bf16
+run 300 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp
+elif [ "$1" = final8a ]; then   # eighth session's code: every GPU test, the codec cut per tensor and across tensors
+run 240 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
+run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
+run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W" --chunking concat
+elif [ "$1" = final8b ]; then   # eighth session's code: GPU-resident save/load, then both mounts
+run 240 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp
+for d in cuda cpu; do
+run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp

@@ -476,3 +476,28 @@ def cuda_backend(device_id: int | None = None) -> CudaBackend:
 
 def round_up(n: int, a: int) -> int:
     return _round(n, a)
+
+
+MAX_GRID_Y = 65535      # CUDA's limit on a grid's second dimension
+
+
+def row_launches(width) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """How to launch a kernel that takes one row per grid y and ``width[row]`` blocks
+    along x: the rows in an order (``order``: sort the row table by it) and launches
+    ``(lo, hi, x)`` over ``order[lo:hi]``, whose widths are within a factor of two (and
+    at most ``MAX_GRID_Y`` rows), with x the widest of them (0: nothing to launch).
+    One launch over all rows runs the widest row's width for every row: one 4 MiB chunk
+    among thousands of small tensors' chunks made millions of idle blocks."""
+    width = np.asarray(width, dtype=np.int64).reshape(-1)
+    order = np.argsort(width, kind="stable")
+    w = width[order]
+    bucket = np.zeros(len(w), dtype=np.int64)
+    live = w > 0
+    bucket[live] = np.floor(np.log2(w[live])).astype(np.int64) + 1
+    cuts = (np.flatnonzero(np.diff(bucket)) + 1).tolist()
+    out = []
+    for lo, hi in zip([0] + cuts, cuts + [len(w)]):
+        for s in range(lo, hi, MAX_GRID_Y):
+            e = min(hi, s + MAX_GRID_Y)
+            out.append((s, e, int(w[e - 1])))
+    return order, out

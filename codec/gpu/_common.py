@@ -18,14 +18,13 @@ from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType
 from . import _kernels as K
-from ._backend import CodecSpec, round_up
+from ._backend import MAX_GRID_Y, CodecSpec, round_up, row_launches
 from ._profiles import GpuProfile
 
 ALIGN = 256             # every plane and staged buffer starts on this boundary
 MIN_CODED = 64          # planes shorter than this are stored raw
 SEG_MAX = 1 << 18       # copy segments are cut to at most this many bytes
 PIECE = 8 << 20         # host staging copies overlap in pieces of this size
-MAX_GRID_Y = 65535
 
 CODEC_IDS = {"ans": P.NVCOMP_ANS, "gdeflate": P.NVCOMP_GDEFLATE, "deflate": P.NVCOMP_DEFLATE}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
@@ -150,20 +149,20 @@ def hash_buffers(b, ptrs: list[int], lens: list[int], keep: list):
     items[:, 0] = np.asarray(ptrs, dtype=np.uint64)
     items[:, 1] = lens_a.astype(np.uint64)
     items[:, 2] = (np.cumsum(blocks) - blocks).astype(np.uint64)
-    d_items = b.empty(items.nbytes)
-    b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
+    # eight threads per 1 KiB block; the block sums' launches over the rows by width
+    order, launches = row_launches(np.minimum(-(-8 * blocks // 128), 16384))
+    table = np.concatenate([items, items[order]])
+    d_items = b.empty(table.nbytes)
+    b.upload(d_items, 0, table.reshape(-1).view(np.uint8))
     sums = b.empty(64 * max(int(blocks.sum()), 1))
     accs = b.empty(64 * n)
     ip, sp, ap = b.ptr(d_items), b.ptr(sums), b.ptr(accs)
-    for s in range(0, n, MAX_GRID_Y):
-        cnt = min(MAX_GRID_Y, n - s)
-        most = int(blocks[s: s + cnt].max())
-        if most:        # eight threads per 1 KiB block
-            b.launch("xxh3_blocks", (min(-(-8 * most // 128), 16384), cnt), 128,
-                     [ip + 32 * s, sp])
+    for lo, hi, x in launches:
+        if x:
+            b.launch("xxh3_blocks", (x, hi - lo), 128, [ip + 32 * (n + lo), sp])
     b.launch("xxh3_scan", (-(-8 * n // 128), 1), 128, [ip, sp, ap, n])
     b.launch("xxh3_final", (-(-n // 128), 1), 128, [ip, ap, b.ptr(out), n])
-    keep += [items, d_items, sums, accs]
+    keep += [table, d_items, sums, accs]
     return out
 
 
@@ -182,13 +181,12 @@ def block_flags(b, ptrs, lens, log2, keep: list):
         items[:, 1] = lens.astype(np.uint64)
         items[:, 2] = (np.cumsum(nblocks) - nblocks).astype(np.uint64)
         items[:, 3] = log2.astype(np.uint64)
+        order, launches = row_launches(np.maximum(1, np.minimum(-(-lens // (256 * 128)), 4096)))
+        items = items[order]
         d_items = b.empty(items.nbytes)
         b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
-        for s in range(0, n, MAX_GRID_Y):
-            cnt = min(MAX_GRID_Y, n - s)
-            most = int(lens[s: s + cnt].max())
-            b.launch("block_flags", (max(1, min(-(-most // (256 * 128)), 4096)), cnt), 128,
-                     [b.ptr(d_items) + 32 * s, b.ptr(flags)])
+        for lo, hi, x in launches:
+            b.launch("block_flags", (x, hi - lo), 128, [b.ptr(d_items) + 32 * lo, b.ptr(flags)])
         keep += [items, d_items]
     keep.append(flags)
     return flags, nblocks
@@ -314,26 +312,23 @@ def download_gather(b, ptrs, lens, keep: list) -> tuple[np.ndarray, np.ndarray]:
 
 def launch_planes(b, kind: str, pl: "Plan", descs: np.ndarray, flags_ptr: int, keep: list):
     """``split`` or ``merge`` of every chunk of a plan: one launch per plane layout."""
-    order = np.argsort(pl.var, kind="stable")
+    # about four groups of eight words per thread; rows by kernel, then by width
+    width = np.maximum(1, np.minimum(-(-(pl.n // 8 + 1) // 512), 4096))
+    order = np.lexsort((width, pl.var))
     d = np.ascontiguousarray(descs[order])
     dev = b.empty(d.nbytes)
     b.upload(dev, 0, d.reshape(-1).view(np.uint8))
     keep += [d, dev]
-    var = pl.var[order]
-    groups = pl.n[order] // 8 + 1
+    var, width = pl.var[order], width[order]
     cuts = np.flatnonzero(np.diff(var)) + 1
     for lo, hi in zip(np.concatenate([[0], cuts]).tolist(),
                       np.concatenate([cuts, [len(order)]]).tolist()):
         v = pl.variants[int(var[lo])]
-        for start in range(lo, hi, MAX_GRID_Y):
-            end = min(hi, start + MAX_GRID_Y)
-            args = [b.ptr(dev) + start * K.DESC_FIELDS * 8]
+        for start, end, x in row_launches(width[lo:hi])[1]:    # already in width order
+            args = [b.ptr(dev) + (lo + start) * K.DESC_FIELDS * 8]
             if kind == "split":
                 args.append(flags_ptr)
-            most = int(groups[start:end].max())
-            # about four groups of eight words per thread
-            b.launch(K.kernel_name(kind, *v), (max(1, min(-(-most // 512), 4096)), end - start),
-                     128, args)
+            b.launch(K.kernel_name(kind, *v), (x, end - start), 128, args)
 
 
 # --------------------------------------------------------------------------- plan

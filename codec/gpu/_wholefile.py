@@ -16,10 +16,10 @@ import zlib
 
 import numpy as np
 
+from ._backend import row_launches
 from ._kernels import XXH3_SECRET
 
 CRC_BLOCK = 16384               # bytes per CRC block (the kernels' CRC_BLOCK)
-MAX_GRID_Y = 65535
 _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 
@@ -103,18 +103,19 @@ def crc32_records(b, ptrs: list[int], lens: list[int], keep: list):
     items[:, 2] = (np.cumsum(nb) - nb).astype(np.uint64)
     items[:, 3] = nb.astype(np.uint64)
     tables, shift = crc_tables()
+    # the block CRCs' launches over the records by width; the join in record order
+    order, launches = row_launches(np.minimum(-(-nb // 128), 8192))
+    items = np.concatenate([items, items[order]])
     d_items, d_tab, d_shift = b.empty(items.nbytes), b.empty(tables.nbytes), b.empty(shift.nbytes)
     b.upload(d_items, 0, items.reshape(-1).view(np.uint8))
     b.upload(d_tab, 0, tables.view(np.uint8))
     b.upload(d_shift, 0, shift.view(np.uint8))
     blocks = b.zeros(4 * max(int(nb.sum()), 1))
     ip = b.ptr(d_items)
-    for s in range(0, n, MAX_GRID_Y):
-        cnt = min(MAX_GRID_Y, n - s)
-        most = int(nb[s: s + cnt].max())
-        if most:
-            b.launch("crc32_blocks", (min(-(-most // 128), 8192), cnt), 128,
-                     [ip + 32 * s, b.ptr(d_tab), b.ptr(blocks)])
+    for lo, hi, x in launches:
+        if x:
+            b.launch("crc32_blocks", (x, hi - lo), 128,
+                     [ip + 32 * (n + lo), b.ptr(d_tab), b.ptr(blocks)])
     b.launch("crc32_join", (-(-n // 128), 1), 128,
              [ip, b.ptr(blocks), b.ptr(d_shift), b.ptr(out), n])
     keep += [items, tables, shift, d_items, d_tab, d_shift, blocks]
