@@ -149,10 +149,10 @@ def print_fill_log(cache: str, took: float, kind: str, since: int = 0) -> None:
         with open(os.path.join(cache, "s4fs-mount.log")) as f:
             f.seek(since)
             lines = [ln.rstrip() for ln in f
-                     if any(w in ln for w in ("ahead", "first read", "released", "mounted", "batch"))]
+                     if any(w in ln for w in ("ahead", "first read", "released", "mounted", "batch", "committed"))]
     except OSError:
         return
-    print(f"# {kind} load {took:.2f} s; the daemon's log says:", flush=True)
+    print(f"# {kind}: {took:.2f} s; the daemon's log says:", flush=True)
     for ln in lines:
         print("#   " + ln, flush=True)
 
@@ -191,6 +191,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
             else:
                 res["save_m"].append(timed(save_m))
                 res["save_l"].append(timed(save_l))
+        if daemon_log:
+            print_fill_log(cache, sum(res["save_m"]), "the saves through the mount")
         res["sync"] = timed(lambda: cli("sync", mnt)) if mode == "writeback" else 0.0
         last = f"ckpt_{len(cks) - 1}.pt"
         pm, pl = os.path.join(mnt, last), os.path.join(local, last)
@@ -226,7 +228,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                 res[kind].append(timed(lambda: torch.load(pm)))
                 if daemon_log:
                     print(f"# {kind}: torch.load began at {began}", flush=True)
-                    print_fill_log(c, res[kind][-1], kind, since)
+                    print_fill_log(c, res[kind][-1], kind + " load", since)
                 if kind == "cold_m":
                     drop_caches()
                     res["cold_l"].append(timed(lambda: torch.load(pl)))

@@ -44,6 +44,7 @@ the filesystem never calls a handle while holding its lock.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import threading
 import time
@@ -55,6 +56,8 @@ from s4fs.ingest import IngestSession
 from s4fs.manifest import Manifest
 from s4fs.parse import looks_complete
 from s4fs.spool import Spool
+
+log = logging.getLogger("s4fs.writer")
 
 if TYPE_CHECKING:
     from s4fs.fs import Filesystem
@@ -88,6 +91,8 @@ class WriteHandle:
         self.attempts = 0                 # failed background commits of this version
         self.last_error: BaseException | None = None
         self.accepted_at = 0.0
+        self.nwrites = 0                  # write requests since the last commit
+        self.closed_at = 0.0              # when the close that commits came
         self._orphaned = False            # unlinked while open: commit nothing
         self._cond = threading.Condition(threading.RLock())
         self.spool = spool or Spool(fs.spool_dir, path, make_room=fs.make_room)
@@ -146,6 +151,7 @@ class WriteHandle:
             self._check()
             if offset < self._claimed:
                 self._stream_ok = False           # rewrites bytes ingest already took
+            self.nwrites += 1
             try:
                 n = self.spool.write(offset, data)
             except BaseException as exc:           # cache disk full: this version is lost
@@ -249,6 +255,7 @@ class WriteHandle:
                 return
             if not looks_complete(self.spool.read, self.spool.size):
                 return                 # a half-written checkpoint: the last release acts
+            self.closed_at = time.monotonic()
             self._act()
 
     def fsync(self) -> None:
@@ -356,6 +363,11 @@ class WriteHandle:
         self._ingested = self._claimed = 0
         self._stream_ok = True
         self._stop = False
+        now = time.monotonic()
+        log.info("%s: committed %d bytes written in %d writes, %.3f s after the open "
+                 "(%.3f s after the close)", self.path, m.size, self.nwrites,
+                 now - self.opened, now - (self.closed_at or now))
+        self.nwrites, self.closed_at = 0, 0.0
         from s4fs.report import stored_split
         split = stored_split(m)
         metrics.observe_save(self.path, m.size, m.stored_bytes(),
