@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|final8c|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -99,6 +99,9 @@ run 240 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp
 for d in cuda cpu; do
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
+elif [ "$1" = final8c ]; then   # a second pair of mounts, the cuda one with the daemon's log
+run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cuda --work /tmp --daemon-log
+run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cpu --work /tmp
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else
