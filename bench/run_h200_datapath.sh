@@ -100,6 +100,7 @@ for d in cuda cpu; do
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
 elif [ "$1" = final8c ]; then   # a second pair of mounts, the cuda one with the daemon's log
+R=$R run 60 python3 "$R/.gpubench/gcprof.py"
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cuda --work /tmp --daemon-log
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cpu --work /tmp
 elif [ "$1" = workers-mount ]; then
