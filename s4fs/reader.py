@@ -513,10 +513,11 @@ class ReadHandle:
                 f"open the file again to read it from the store")
 
     def release(self) -> None:
-        if self.nbytes and self._m is not None:
-            log.info("%s: released after %d bytes read in %d reads, %.3f s after the open",
-                     self.path, self.nbytes, self.nreads, time.monotonic() - self.opened)
         if self.nbytes:
+            if self._m is not None:
+                log.info("%s: released after %d bytes read in %d reads, %.3f s after the "
+                         "open", self.path, self.nbytes, self.nreads,
+                         time.monotonic() - self.opened)
             metrics.observe_load(self.path, self.nbytes, time.monotonic() - self.opened)
             self.nbytes = 0
         if self._fd is not None:
