@@ -81,14 +81,13 @@ run 200 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu
 run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
 run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cuda --work /tmp
 run 85 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cpu --work /tmp
-elif [ "$1" = diag ]; then   # host profile of the codec, per-tensor vs across-tensor chunks, a logged mount
-R=$R run 150 python3 "$R/.gpubench/prof.py" bf16
+elif [ "$1" = diag ]; then   # the codec cut per tensor, then both mounts with the daemon's log
 run 120 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
 for d in cuda cpu; do
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device $d --work /tmp --daemon-log
 done
 elif [ "$1" = prof ]; then   # host profile of the codec on per-tensor chunks, then GPU-resident save/load
-R=$R run 120 python3 "$R/.gpubench/prof.py" bf16
+run 120 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W"
 run 300 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp
 elif [ "$1" = final8a ]; then   # eighth session's code: every GPU test, the codec cut per tensor and across tensors
 run 240 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
@@ -100,7 +99,7 @@ for d in cuda cpu; do
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device $d --work /tmp
 done
 elif [ "$1" = final8c ]; then   # a second pair of mounts, the cuda one with the daemon's log
-R=$R run 60 python3 "$R/.gpubench/gcprof.py"
+run 90 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W" --top 25
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cuda --work /tmp --daemon-log
 run 100 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 --modes default --device cpu --work /tmp
 elif [ "$1" = workers-mount ]; then
