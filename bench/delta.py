@@ -124,7 +124,6 @@ def main(argv=None) -> int:
                 shutil.rmtree(work, ignore_errors=True)
             later = rows[1:] or rows
             med = statistics.median
-            lg = [r["logical"] for r in later]
             cells = [f"{dname} every {every}", str(len(rows)),
                      f"{100 * rows[0]['full'] / rows[0]['logical']:.1f}"]
             cells.append(f"{100 * med([r['full'] / r['logical'] for r in later]):.1f}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import glob
 import io
-import math
 import os
 import shutil
 import statistics

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
 import statistics
@@ -154,7 +155,6 @@ def main(argv=None) -> int:
     ap.add_argument("--child-processes", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_workers:
-        import json
         work = tempfile.mkdtemp(prefix="s4fs-bench-")
         try:
             print(json.dumps(ingest_rate(args.gib, args.child_workers, args.repeat, work,
@@ -163,8 +163,6 @@ def main(argv=None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         return 0
     if args.workers:
-        import json
-
         from _common import machine, table
         rows = []
         for n in [int(x) for x in args.workers.split(",")]:     # a fresh process each
@@ -189,7 +187,6 @@ def main(argv=None) -> int:
     if args.child:
         work = tempfile.mkdtemp(prefix="s4fs-bench-")
         try:
-            import json
             print(json.dumps(one_size(args.gib, args.repeat, work)))
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -202,7 +199,6 @@ def main(argv=None) -> int:
         if out.returncode:
             print(out.stderr, file=sys.stderr)
             return 1
-        import json
         r = json.loads(out.stdout.strip().splitlines()[-1])
         mb = r["logical"] / 1e6
         rows.append([f"{r['logical'] / 2**30:.2f} GiB", f"{100 * r['stored'] / r['logical']:.1f}",

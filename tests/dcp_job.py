@@ -10,7 +10,6 @@ two mounts of one bucket prefix act as two nodes.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch

@@ -12,7 +12,6 @@ import os
 import pickle
 import random
 
-import numpy as np
 import pytest
 import torch
 
