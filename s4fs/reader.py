@@ -441,14 +441,12 @@ class ReadHandle:
         return self._reader.size if self._reader is not None else self._size_fn()
 
     def read(self, offset: int, size: int) -> bytes:
-        self.nreads += 1
         if self._reader is not None:
             buf = bytearray(max(0, min(size, self._reader.size - offset)))
             n = self.readinto(offset, buf)
             return bytes(buf[:n]) if n < 65536 else buf[:n]
         else:
-            if not self.nbytes and self._m is not None:
-                self._first_read(offset, size)
+            self._count_read(offset, size)
             data = os.pread(self._fd, max(0, min(size, self._size_fn() - offset)), offset)
             self._check(offset, data)
         self.nbytes += len(data)
@@ -468,14 +466,16 @@ class ReadHandle:
                 self._size_fn = lambda: size
                 self._fill, self._fd = got
 
-    def _first_read(self, offset: int, size: int) -> None:
-        log.info("%s: first read, %d bytes at %d, %.3f s after the open (%s)", self.path,
-                 size, offset, time.monotonic() - self.opened,
-                 "decoding" if self._reader is not None else "a local copy")
+    def _count_read(self, offset: int, size: int) -> None:
+        """One read request (for the release's log line); the first one is logged."""
+        self.nreads += 1
+        if not self.nbytes and self._m is not None:
+            log.info("%s: first read, %d bytes at %d, %.3f s after the open (%s)",
+                     self.path, size, offset, time.monotonic() - self.opened,
+                     "decoding" if self._reader is not None else "a local copy")
 
     def readinto(self, offset: int, dest) -> int:
-        if not self.nbytes and self._m is not None:
-            self._first_read(offset, len(dest))
+        self._count_read(offset, len(dest))
         if self._fill_fn is not None:
             self._start_fill(offset, len(dest))
         fd, fill = self._fd, self._fill

@@ -364,9 +364,9 @@ class WriteHandle:
         self._stream_ok = True
         self._stop = False
         now = time.monotonic()
-        log.info("%s: committed %d bytes written in %d writes, %.3f s after the open "
-                 "(%.3f s after the close)", self.path, m.size, self.nwrites,
-                 now - self.opened, now - (self.closed_at or now))
+        log.info("%s: committed %d bytes written in %d writes, %.3f s after the open%s",
+                 self.path, m.size, self.nwrites, now - self.opened,
+                 f" ({now - self.closed_at:.3f} s after the close)" if self.closed_at else "")
         self.nwrites, self.closed_at = 0, 0.0
         from s4fs.report import stored_split
         split = stored_split(m)
