@@ -81,13 +81,15 @@ class Header:
 
 # --------------------------------------------------------------------------- zero blocks
 
-def block_log2(raw_len: int) -> int:
+def block_log2(raw_len):
     """The block size (log2) the writers use for a chunk of ``raw_len`` bytes: 4 KiB,
-    larger for chunks over 4 MiB so that the keep map stays within 128 bytes."""
-    need = max(1, -(-raw_len // 1024)).bit_length() - 1
-    if (1 << need) * 1024 < raw_len:
-        need += 1
-    return max(MIN_BLOCK_LOG2, min(MAX_BLOCK_LOG2, need))
+    larger for chunks over 4 MiB so that the keep map stays within 128 bytes (1024
+    blocks). ``raw_len``: an int (an int back) or an array of them (an array back)."""
+    np = _np()
+    kib = np.maximum(1, -(-np.asarray(raw_len, dtype=np.int64) // 1024))
+    need = np.frexp((kib - 1).astype(np.float64))[1]     # bit length of kib - 1
+    out = np.clip(need, MIN_BLOCK_LOG2, MAX_BLOCK_LOG2).astype(np.int64)
+    return int(out) if out.ndim == 0 else out
 
 
 def block_counts(raw_len, log2):

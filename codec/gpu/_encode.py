@@ -139,7 +139,7 @@ class _Encode:
         if not profile.zero_blocks or not len(cand):
             return
         lens = self.full_len[cand]
-        log2 = np.array([C.block_log2(int(x)) for x in lens], dtype=np.int64)
+        log2 = C.block_log2(lens)
         d_flags, nblocks = block_flags(b, [self.datas[i].ptr for i in cand.tolist()], lens,
                                        log2, keep)
         flags = np.empty(int(nblocks.sum()), dtype=np.uint8)
