@@ -1,4 +1,4 @@
-"""Where the GPU codec's host time goes on chunks cut per tensor (H200 box).
+"""Where the GPU codec's host time goes, on chunks cut per tensor (H200 box).
 
 The data is bench/codec_gpu.py's (real MiniLM tensors tiled to ``--size`` GiB on the
 device, every tensor cut on its own as s4fs cuts storages: thousands of chunks per GiB,
@@ -6,7 +6,10 @@ a third of them 384-element biases and norms). It prints the median encode and d
 with Python's cyclic GC on and off (the pipeline makes a few Python objects per chunk),
 then a cProfile of three encodes and three decodes, by own time.
 
-    python bench/codec_gpu_host.py [--sets bf16] [--size 1] [--top 30]
+``--chunking concat`` cuts the tile as one stream into 4 MiB chunks instead (about 256
+chunks per GiB, as a large model's tensors give).
+
+    python bench/codec_gpu_host.py [--sets bf16] [--size 1] [--top 30] [--chunking concat]
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--weights", default=None)
+    p.add_argument("--chunking", choices=("storage", "concat"), default="storage",
+                   help="cut every tensor on its own (as s4fs does) or the tile as one stream")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import codec_gpu as B
@@ -36,10 +41,12 @@ def main(argv=None) -> None:
     opts = B._args(["--sets", args.sets, "--size", str(args.size)]
                    + (["--weights", args.weights] if args.weights else []))
     data, source, sizes = B._data(opts, B._weights_path(opts.weights))
-    print(f"# {source}, {args.size:g} GiB per set, chunks cut per tensor; medians of "
+    print(f"# {source}, {args.size:g} GiB per set, chunks cut "
+          f"{'per tensor' if args.chunking == 'storage' else 'across tensors'}; medians of "
           f"{args.repeat}")
     for name, (dtype, flat) in data.items():
-        items = [(c, dtype) for c in B._chunks(flat, 4 << 20, sizes)]
+        cut = sizes if args.chunking == "storage" else None
+        items = [(c, dtype) for c in B._chunks(flat, 4 << 20, cut)]
         raw = flat.numel() * flat.element_size()
         gpu.compress_many(items, out="device")                    # warm up
         for mode in ("GC on", "GC off", "GC on", "GC off"):

@@ -1,0 +1,125 @@
+"""Where the GPU codec stores more than the CPU path, plane by plane (H200 box).
+
+The data is bench/codec_gpu.py's (real MiniLM tensors tiled on the device, every tensor
+cut on its own as s4fs cuts storages). The first ``--sample`` MiB of chunks are coded by
+both paths, every blob's header is read back, and the stored bytes are summed:
+
+* by chunk size (tiny tensors, small ones, whole 4 MiB chunks);
+* by plane (layout and plane index), with the plane codecs each path chose;
+* headers, and the bytes zero blocks left out.
+
+Each row's gap is in points of the sample's raw bytes, so the rows add up to the whole
+gap that ``bench/codec_gpu.py`` prints.
+
+    python bench/codec_gpu_planes.py [--sets adam] [--sample 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+
+MiB = 1 << 20
+
+
+def _bucket(n: int) -> str:
+    if n <= 4096:
+        return "<= 4 KiB"
+    if n <= 256 << 10:
+        return "<= 256 KiB"
+    if n < 4 << 20:
+        return "< 4 MiB"
+    return "4 MiB"
+
+
+def _tally(blob, raw_len, by_size, by_plane, head):
+    from s4fs.codec import _container
+    from s4fs.codec._plane_codecs import _NAMES
+    h = _container.unpack(blob)
+    size = _bucket(raw_len)
+    by_size[size][0] += 1
+    by_size[size][1] += raw_len
+    by_size[size][2] += len(blob)
+    head["header"] += h.payload_offset
+    if h.block:
+        head["zero-block chunks"] += 1
+        head["zero bytes left out"] += h.raw_len - h.kept_len
+    for k, p in enumerate(h.planes):
+        row = by_plane[(h.layout, k)]
+        row["raw"] += p.raw_len
+        row["enc"] += p.enc_len
+        row["codecs"][_NAMES.get(p.codec_id, str(p.codec_id))] += p.enc_len
+
+
+def _new_plane():
+    return {"raw": 0, "enc": 0, "codecs": collections.Counter()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sets", default="adam")
+    p.add_argument("--size", type=float, default=1.0)
+    p.add_argument("--sample", type=float, default=256, help="MiB of chunks compared")
+    p.add_argument("--weights", default=None)
+    args = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import codec_gpu as B
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+    from s4fs.codec import compress, gpu
+    gpu.require()
+    opts = B._args(["--sets", args.sets, "--size", str(args.size)]
+                   + (["--weights", args.weights] if args.weights else []))
+    data, source, sizes = B._data(opts, B._weights_path(opts.weights))
+    print(f"# {source}; the first {args.sample:g} MiB of chunks cut per tensor")
+    for name, (dtype, flat) in data.items():
+        chunks, got = [], 0
+        for c in B._chunks(flat, 4 << 20, sizes):
+            if got >= args.sample * MiB:
+                break
+            chunks.append(c)
+            got += c.numel() * c.element_size()
+        gblobs = gpu.compress_many([(c, dtype) for c in chunks], out="host")
+        host = [c.contiguous().view(torch.uint8).cpu().numpy().tobytes() for c in chunks]
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            cblobs = list(pool.map(lambda b: compress(b, dtype, device="cpu"), host))
+        raw = sum(len(h) for h in host)
+        res = {}
+        for who, blobs in (("gpu", gblobs), ("cpu", cblobs)):
+            by_size = collections.defaultdict(lambda: [0, 0, 0])
+            by_plane = collections.defaultdict(_new_plane)
+            head = collections.Counter()
+            for blob, h in zip(blobs, host):
+                _tally(blob, len(h), by_size, by_plane, head)
+            res[who] = (by_size, by_plane, head, sum(len(b) for b in blobs))
+        g, c = res["gpu"], res["cpu"]
+        pts = 100.0 / raw
+        print(f"\n## {name}: {len(chunks)} chunks, {raw / MiB:.0f} MiB; stored GPU "
+              f"{g[3] * pts:.2f} %, CPU {c[3] * pts:.2f} % (gap {(g[3] - c[3]) * pts:+.2f})")
+        print("\n| chunk size | chunks | raw MiB | GPU % of raw | CPU % | gap (points of the sample) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for key in ("<= 4 KiB", "<= 256 KiB", "< 4 MiB", "4 MiB"):
+            n, r, gs = g[0].get(key, (0, 0, 0))
+            cs = c[0].get(key, (0, 0, 0))[2]
+            if n:
+                print(f"| {key} | {n} | {r / MiB:.1f} | {100 * gs / r:.2f} | {100 * cs / r:.2f} "
+                      f"| {(gs - cs) * pts:+.3f} |")
+        print("\n| path | layout, plane | raw MiB | stored MiB | % of plane | points of the "
+              "sample | codecs (stored MiB) |")
+        print("|---|---|---:|---:|---:|---:|---|")
+        for who, (_, by_plane, _, _) in (("GPU", g), ("CPU", c)):
+            for (lay, k), row in sorted(by_plane.items()):
+                mix = ", ".join(f"{n} {v / MiB:.1f}" for n, v in row["codecs"].most_common())
+                print(f"| {who} | {lay}, {k} | {row['raw'] / MiB:.1f} | {row['enc'] / MiB:.2f} "
+                      f"| {100 * row['enc'] / max(row['raw'], 1):.2f} | {row['enc'] * pts:.3f} "
+                      f"| {mix} |")
+        for who, (_, _, head, _) in (("GPU", g), ("CPU", c)):
+            print(f"{who}: headers {head['header'] / MiB:.2f} MiB ({head['header'] * pts:.3f} "
+                  f"points); {head['zero-block chunks']} chunks with zero blocks, "
+                  f"{head['zero bytes left out'] / MiB:.1f} MiB left out")
+
+
+if __name__ == "__main__":
+    main()
