@@ -192,14 +192,14 @@ def _ans_alone(items, profile, repeat):
     _common.launch_planes(b, "split", pl, descs, b.ptr(flags), keep)
     cand = [k for k in range(nplanes)
             if pl.spec[k] >= 0 and pl.specs[pl.spec[k]].name == "ans"]
-    hist = _common.sample_entropy(b, [b.ptr(scratch) + int(pl.off[k]) for k in cand],
-                                  [int(pl.raw[k]) for k in cand], keep)
-    h_hist = np.empty(256 * max(len(cand), 1), dtype=np.uint32)
+    est = _common.sample_entropy(b, [b.ptr(scratch) + int(pl.off[k]) for k in cand],
+                                 [int(pl.raw[k]) for k in cand], keep)
+    h_est = np.empty((max(len(cand), 1), 2), dtype=np.float64)
     h_flags = np.empty(nplanes, dtype=np.uint32)
-    b.download(hist, 0, h_hist.view(np.uint8))
+    b.download(est, 0, h_est.reshape(-1).view(np.uint8))
     b.download(flags, 0, h_flags.view(np.uint8))
     b.synchronize()
-    bits = _common.entropy_bits(h_hist)
+    bits = h_est[:, 0]
     chosen = [k for k, h in zip(cand, bits) if h_flags[k] and h < profile.max_entropy]
     if not chosen:
         return None

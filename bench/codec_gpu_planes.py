@@ -1,8 +1,9 @@
 """Where the GPU codec stores more than the CPU path, plane by plane (H200 box).
 
 The data is bench/codec_gpu.py's (real MiniLM tensors tiled on the device, every tensor
-cut on its own as s4fs cuts storages). The first ``--sample`` MiB of chunks are coded by
-both paths, every blob's header is read back, and the stored bytes are summed:
+cut on its own as s4fs cuts storages). Every chunk (or the first ``--sample`` MiB of
+them) is coded by both paths, every blob's header is read back, and the stored bytes are
+summed:
 
 * by chunk size (tiny tensors, small ones, whole 4 MiB chunks);
 * by plane (layout and plane index), with the plane codecs each path chose;
@@ -61,7 +62,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", default="adam")
     p.add_argument("--size", type=float, default=1.0)
-    p.add_argument("--sample", type=float, default=256, help="MiB of chunks compared")
+    p.add_argument("--sample", type=float, default=0,
+                   help="MiB of chunks compared (0: the whole set)")
     p.add_argument("--weights", default=None)
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,19 +75,36 @@ def main(argv=None) -> None:
     opts = B._args(["--sets", args.sets, "--size", str(args.size)]
                    + (["--weights", args.weights] if args.weights else []))
     data, source, sizes = B._data(opts, B._weights_path(opts.weights))
-    print(f"# {source}; the first {args.sample:g} MiB of chunks cut per tensor")
+    what = f"the first {args.sample:g} MiB of chunks" if args.sample else "every chunk"
+    print(f"# {source}; {what}, cut per tensor")
     for name, (dtype, flat) in data.items():
+        every = B._chunks(flat, 4 << 20, sizes)
         chunks, got = [], 0
-        for c in B._chunks(flat, 4 << 20, sizes):
-            if got >= args.sample * MiB:
+        for c in every:
+            if args.sample and got >= args.sample * MiB:
                 break
             chunks.append(c)
             got += c.numel() * c.element_size()
-        gblobs = gpu.compress_many([(c, dtype) for c in chunks], out="host")
+        # the GPU codes the whole set in one call, as bench/codec_gpu.py does; the sample's
+        # blobs are taken from that call (and, to see whether a batch changes them, from a
+        # call over the sample alone)
+        whole = gpu.compress_many([(c, dtype) for c in every], out="host")
+        gblobs = whole[: len(chunks)]
+        alone = gpu.compress_many([(c, dtype) for c in chunks], out="host")
         host = [c.contiguous().view(torch.uint8).cpu().numpy().tobytes() for c in chunks]
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             cblobs = list(pool.map(lambda b: compress(b, dtype, device="cpu"), host))
         raw = sum(len(h) for h in host)
+        differ = [k for k, (x, y) in enumerate(zip(gblobs, alone)) if len(x) != len(y)]
+        print(f"\n{name}: the whole set ({len(every)} chunks) in one GPU call stores "
+              f"{100 * sum(len(x) for x in whole) / (flat.numel() * flat.element_size()):.2f} %; "
+              f"of the sample's {len(chunks)} blobs, {len(differ)} differ in size from a call "
+              f"over the sample alone ({sum(len(x) for x in gblobs) * 100 / raw:.2f} % "
+              f"against {sum(len(x) for x in alone) * 100 / raw:.2f} %)")
+        gaps = sorted(((len(x) - len(y), k) for k, (x, y) in enumerate(zip(gblobs, cblobs))),
+                      reverse=True)[:8]
+        print("largest GPU - CPU differences (bytes, chunk, raw bytes): " + ", ".join(
+            f"{d:+d} #{k} {len(host[k])}" for d, k in gaps))
         res = {}
         for who, blobs in (("gpu", gblobs), ("cpu", cblobs)):
             by_size = collections.defaultdict(lambda: [0, 0, 0])

@@ -236,6 +236,31 @@ def test_emulated_xxh3_matches_xxhash(emu):
     assert [int(g) for g in got] == want
 
 
+def test_emulated_entropy_estimates_match_the_host_formula(emu):
+    """The device's per-plane entropy and zero share are the order-0 figures of the same
+    sampled histogram (the codec choice rests on them)."""
+    from s4fs.codec.gpu import _common
+    rng = np.random.default_rng(1)
+    planes = [np.zeros(5000, np.uint8), np.full(3000, 7, np.uint8),
+              rng.integers(0, 256, 200_000, dtype=np.uint8),
+              (rng.standard_normal(70_000) * 3).astype(np.int8).view(np.uint8),
+              rng.integers(0, 2, 1, dtype=np.uint8), np.zeros(0, np.uint8)]
+    bufs = [emu.empty(len(x)) for x in planes]
+    for buf, x in zip(bufs, planes):
+        buf[: len(x)] = x
+    keep: list = []
+    est = _common.sample_entropy(emu, [emu.ptr(x) for x in bufs], [len(x) for x in planes],
+                                 keep)
+    got = np.frombuffer(est[: 16 * len(planes)].tobytes(), dtype=np.float64).reshape(-1, 2)
+    # the sample: every step-th byte, step odd and about len / SAMPLES
+    rows = np.array([np.bincount(x[:: max(1, len(x) // _common.SAMPLES) | 1], minlength=256)
+                     for x in planes], dtype=np.uint32)
+    np.testing.assert_allclose(got[:, 0], _common.entropy_bits(rows), atol=1e-9)
+    np.testing.assert_allclose(got[:, 1], rows[:, 0] / np.maximum(rows.sum(axis=1), 1))
+    assert got[0].tolist() == [0.0, 1.0] and got[1, 0] == 0.0 and 7.9 < got[2, 0] <= 8.0
+    assert got[5].tolist() == [0.0, 0.0]
+
+
 def test_row_launches_cover_every_row_once_at_its_width():
     """Kernels with one row per grid y are launched over rows of similar width: every
     row exactly once, in a launch at least as wide as it and at most twice as wide (a

@@ -141,8 +141,11 @@ class CudaBackend:
         with self.device, self.stream:
             cp.bitwise_xor(mk(a_ptr), mk(b_ptr), out=mk(dst_ptr))
 
-    def view(self, arr, offset: int, n: int):
-        return arr[offset: offset + n]
+    def views(self, arr, offsets, lens) -> list:
+        """Views of ``arr`` at many offsets: built from the pointer, about a third of
+        a slice's cost (thousands per call for a model of small tensors)."""
+        nd, u8, base = self.cp.ndarray, self.cp.uint8, arr.data
+        return [nd((n,), u8, base + o) for o, n in zip(offsets, lens)]
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -383,8 +386,8 @@ class EmulatedBackend:
             d = np.frombuffer((ctypes.c_uint8 * n).from_address(dst_ptr), dtype=np.uint8)
             np.bitwise_xor(a, b, out=d)
 
-    def view(self, arr, offset: int, n: int):
-        return arr[offset: offset + n]
+    def views(self, arr, offsets, lens) -> list:
+        return [arr[o: o + n] for o, n in zip(offsets, lens)]
 
     def synchronize(self) -> None:
         pass

@@ -84,35 +84,55 @@ class Staging:
         return self.dev
 
 
+def _device_types() -> tuple:
+    """(torch.Tensor, cupy.ndarray) where those modules are loaded, else None each: the
+    exact types the fast paths of :func:`resolve` take (no import here)."""
+    import sys
+    torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
+    return (getattr(torch, "Tensor", None), getattr(cupy, "ndarray", None))
+
+
 def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
     """A :class:`Buffer` for every device input; host inputs are added to ``staging``
-    and come back as ``("host", offset, nbytes)`` until :func:`finish` places them."""
+    and come back as ``("host", offset, nbytes)`` until :func:`finish` places them.
+
+    Thousands of small tensors come through here per call, so the two common device types
+    (a torch tensor, a CuPy array) take a path of a few attribute reads each."""
     from .._buffers import as_bytes
+    tensor_t, cupy_t = _device_types()
     out: list = []
     devices: dict = {}              # one stream wait per device, not one per tensor
     for data in datas:
-        mod = type(data).__module__
-        if mod.startswith("torch") and getattr(data, "is_cuda", False):
-            t = data if data.is_contiguous() else data.contiguous()
-            devices.setdefault(t.device, t)
-            keep.append(t)
-            out.append(Buffer(t.data_ptr(), t.numel() * t.element_size(), t))
-        elif mod.startswith("cupy") or (hasattr(data, "__cuda_array_interface__")
-                                        and not mod.startswith("torch")):
+        kind = type(data)
+        if kind is tensor_t or (tensor_t is not None and isinstance(data, tensor_t)):
+            if data.is_cuda:
+                t = data if data.is_contiguous() else data.contiguous()
+                dev = t.get_device()
+                if dev not in devices:
+                    devices[dev] = t
+                keep.append(t)
+                out.append(Buffer(t.data_ptr(), t.nbytes, t))
+                continue
+        elif kind is cupy_t and getattr(data, "_c_contiguous", False):
+            if backend.emulated:
+                raise CodecError("device arrays need a real GPU backend")
+            keep.append(data)
+            out.append(Buffer(data.data.ptr, data.nbytes, data))
+            continue
+        elif not kind.__module__.startswith("torch") and hasattr(data,
+                                                                 "__cuda_array_interface__"):
             if backend.emulated:
                 raise CodecError("device arrays need a real GPU backend")
             import cupy
-            a = data
-            if type(a) is not cupy.ndarray or not a.flags.c_contiguous:
-                a = cupy.ascontiguousarray(cupy.asarray(data))
+            a = cupy.ascontiguousarray(cupy.asarray(data))
             keep.append(a)
             out.append(Buffer(int(a.data.ptr), int(a.nbytes), a))
-        else:
-            seen = staging.known.get(id(data))
-            if seen is None or seen[0] is not data:        # one staged copy per object
-                mv = as_bytes(data)
-                seen = staging.known[id(data)] = (data, staging.add(mv), len(mv))
-            out.append(("host", seen[1], seen[2]))
+            continue
+        seen = staging.known.get(id(data))
+        if seen is None or seen[0] is not data:        # one staged copy per object
+            mv = as_bytes(data)
+            seen = staging.known[id(data)] = (data, staging.add(mv), len(mv))
+        out.append(("host", seen[1], seen[2]))
     for t in devices.values():      # after every copy .contiguous() queued
         backend.wait_external(t)
     return out
@@ -196,10 +216,12 @@ SAMPLES = 8192          # bytes sampled per plane for the entropy estimate
 
 
 def sample_entropy(b, ptrs: list[int], lens: list[int], keep: list):
-    """Launch byte histograms of every plane (``SAMPLES`` bytes each); returns the
-    device counters (256 uint32 per plane), read with :func:`entropy_bits`."""
+    """Launch byte histograms of every plane (``SAMPLES`` bytes each) and, from them, each
+    plane's order-0 entropy in bits per byte and its share of zero bytes: a device array
+    of two float64 per plane (``entropy_bits`` on the host gives the same entropy)."""
     n = len(ptrs)
     hist = b.zeros(1024 * max(n, 1))
+    est = b.empty(16 * max(n, 1))
     if n:
         lens_a = np.asarray(lens, dtype=np.int64)
         items = np.zeros((n, 4), dtype=np.uint64)
@@ -212,8 +234,10 @@ def sample_entropy(b, ptrs: list[int], lens: list[int], keep: list):
         for s in range(0, n, MAX_GRID_Y):
             b.launch("sample_histograms", (8, min(MAX_GRID_Y, n - s)), 128,
                      [b.ptr(d_items) + 32 * s, b.ptr(hist)])
-        keep += [items, d_items]
-    return hist
+        b.launch("plane_entropy", (-(-n // 128), 1), 128, [b.ptr(hist), b.ptr(est), n])
+        keep += [items, d_items, hist]
+    keep.append(est)
+    return est
 
 
 @functools.lru_cache(maxsize=1)

@@ -411,7 +411,7 @@ class _Decode:
         if out == "device":
             b.synchronize()
             settle(self.later)
-            return [b.view(self.out_dev, o, n) for o, n in zip(out_off, raw)]
+            return b.views(self.out_dev, out_off, raw)
         tot = out_off[-1] + raw[-1]
         host = b.pinned(tot)
         b.download(self.out_dev, 0, host[:tot])

@@ -18,6 +18,7 @@ import tempfile
 from . import _kernels as K
 
 _SHIMS = r"""
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 struct dim3_ { unsigned x, y, z; };
@@ -61,6 +62,9 @@ extern "C" void emu_copy_segments(unsigned gx, unsigned gy, unsigned bx, u64 seg
 }
 extern "C" void emu_sample_histograms(unsigned gx, unsigned gy, unsigned bx, u64 planes, u64 hist) {
     run_grid(gx, gy, bx, [&] { sample_histograms(P(const u64*, planes), P(u32*, hist)); });
+}
+extern "C" void emu_plane_entropy(unsigned gx, unsigned gy, unsigned bx, u64 hist, u64 out, u64 n) {
+    run_grid(gx, gy, bx, [&] { plane_entropy(P(const u32*, hist), P(double*, out), n); });
 }
 extern "C" void emu_fill_segments(unsigned gx, unsigned gy, unsigned bx, u64 segs, u64 n) {
     run_grid(gx, gy, bx, [&] { fill_segments(P(const u64*, segs), n); });

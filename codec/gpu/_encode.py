@@ -9,8 +9,9 @@ benchmark's stage table):
   readback); chunks with enough of them are coded from their other blocks, gathered in
   one launch, and hashed again (the self-check restores those bytes);
 * split — planes into one scratch, XOR-ing delta bases on the fly, constant flags, first
-  bytes, byte histograms (one launch per plane layout, two small ones);
-* readback — one small read of checksums, flags, first bytes and histograms;
+  bytes, byte histograms and entropy estimates (one launch per plane layout, three small
+  ones);
+* readback — one small read of checksums, flags, first bytes and entropy estimates;
 * choose codecs — constant and incompressible planes skip nvCOMP (host, no launch);
 * nvcomp — one nvCOMP batch per codec configuration over every chunk of every plane;
 * headers — every container header and payload table (``codec._container`` writes them);
@@ -44,7 +45,6 @@ from ._common import (
     Segments,
     Staging,
     block_flags,
-    entropy_bits,
     finish,
     gpu_layout,
     hash_buffers,
@@ -176,7 +176,7 @@ class _Encode:
 
     def split(self) -> None:
         """Planes into one scratch buffer (XOR-ing bases on the fly), constant flags, the
-        first byte of every plane and byte histograms of the codable ones."""
+        first byte of every plane and the entropy estimates of the codable ones."""
         b, keep, profile = self.b, self.keep, self.profile
         layout = {dt: gpu_layout(dt, profile) for dt in set(self.dts)}
         self.pl = pl = Plan(self.dts, [layout[dt] for dt in self.dts],
@@ -195,20 +195,20 @@ class _Encode:
         seg.add(sp + pl.off, b.ptr(self.firsts) + np.arange(self.nplanes), (pl.raw > 0) * 1)
         seg.launch(b, keep)
         self.coded = np.flatnonzero(pl.spec >= 0)
-        self.d_hist = sample_entropy(b, sp + pl.off[self.coded], pl.raw[self.coded], keep)
+        self.d_est = sample_entropy(b, sp + pl.off[self.coded], pl.raw[self.coded], keep)
         self.mark("split")
 
     def readback(self) -> None:
-        """One small readback: checksums, constant flags, first bytes, histograms."""
+        """One small readback: checksums, constant flags, first bytes, entropy estimates."""
         b, n = self.b, max(self.nplanes, 1)
         self.h_hash = np.empty(self.nhashed, dtype=np.uint64)
         self.h_flags = np.empty(n, dtype=np.uint32)
         self.h_first = np.empty(n, dtype=np.uint8)
-        self.h_hist = np.empty(256 * max(len(self.coded), 1), dtype=np.uint32)
+        self.h_est = np.empty((max(len(self.coded), 1), 2), dtype=np.float64)
         b.download(self.d_hash, 0, self.h_hash.view(np.uint8))
         b.download(self.flags, 0, self.h_flags.view(np.uint8))
         b.download(self.firsts, 0, self.h_first)
-        b.download(self.d_hist, 0, self.h_hist.view(np.uint8))
+        b.download(self.d_est, 0, self.h_est.reshape(-1).view(np.uint8))
         zq = np.flatnonzero(self.zlog)
         self.h_zhash = np.empty(len(zq), dtype=np.uint64)
         if len(zq):
@@ -225,9 +225,7 @@ class _Encode:
         pl, profile, coded = self.pl, self.profile, self.coded
         if not len(coded):
             return
-        bits = entropy_bits(self.h_hist)[: len(coded)]
-        rows = self.h_hist.reshape(-1, 256)[: len(coded)]
-        zero_share = rows[:, 0] / np.maximum(rows.sum(axis=1), 1)
+        bits, zero_share = self.h_est[: len(coded), 0], self.h_est[: len(coded), 1]
         drop = (self.h_flags[coded] == 0) | (bits >= profile.max_entropy)
         pl.spec[coded[drop]] = -1
         zc = coded[~drop & (zero_share >= profile.zero_chunk_share)]
@@ -335,8 +333,7 @@ class _Encode:
 
     def dev_blobs(self) -> list:
         """A device view of every blob (made when asked: each costs a few microseconds)."""
-        return [self.b.view(self.out_dev, o, n)
-                for o, n in zip(self.blob_off[:-1].tolist(), self.blob_len.tolist())]
+        return self.b.views(self.out_dev, self.blob_off[:-1].tolist(), self.blob_len.tolist())
 
     def self_check(self) -> None:
         """Decode what was written, on the device, and check it against the checksums: a

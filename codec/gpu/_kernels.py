@@ -14,6 +14,8 @@ Kernels:
 * ``merge<...>`` — the inverse, XOR-ing the base back in.
 * ``copy_segments`` / ``fill_segments`` — batched gathers and fills (blob assembly).
 * ``block_flags`` — which blocks of many buffers hold a non-zero byte (zero blocks).
+* ``sample_histograms`` / ``plane_entropy`` — byte histograms of a sample of every plane,
+  and from them each plane's order-0 entropy and zero share (the codec choice).
 * ``xxh3_run_blocks`` / ``xxh3_chain`` — XXH3 accumulators of a whole file laid out as
   runs of stripes in several buffers (``s4fs.save`` of device tensors: the file's
   XXH3-128 without the file existing anywhere in one piece).
@@ -576,6 +578,24 @@ extern "C" __global__ void sample_histograms(const u64* planes, u32* hist) {
     u64 stride = (u64)gridDim.x * blockDim.x * step;
     for (u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * step; i < len; i += stride)
         atomicAdd(h + p[i], 1u);
+}
+
+// From n rows of 256 counters (sample_histograms): per row, its order-0 entropy in bits
+// per byte and the share of zero bytes (two doubles), so that the host reads 16 bytes per
+// plane instead of 1 KiB and does no per-plane arithmetic.
+extern "C" __global__ void plane_entropy(const u32* hist, double* out, u64 n) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const u32* c = hist + 256 * i;
+    double tot = 0.0, terms = 0.0;
+    for (int k = 0; k < 256; ++k) {
+        double v = (double)c[k];
+        tot += v;
+        if (c[k] > 1) terms += v * log2(v);
+    }
+    double t = tot > 1.0 ? tot : 1.0;
+    out[2 * i] = log2(t) - terms / t;
+    out[2 * i + 1] = (double)c[0] / t;
 }
 
 // segs: 3 u64 per segment: destination, length, byte value
