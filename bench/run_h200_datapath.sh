@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|final8c|prof9|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|final8c|prof9|run9a|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -106,6 +106,13 @@ elif [ "$1" = prof9 ]; then   # ninth session: where the 4 MiB cut's host time g
 run 120 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 --profiles default --weights "$W" --chunking concat
 run 90 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W" --chunking concat --top 45
 run 120 python3 "$R/bench/codec_gpu_planes.py" --sets adam,fp32,bf16 --weights "$W"
+elif [ "$1" = run9a ]; then   # ninth session: GPU tests, codec both cuts, host time, the AdamW gap whole vs sample
+run 240 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
+run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 --profiles default --weights "$W" --chunking concat
+run 90 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
+run 60 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W" --chunking concat --top 30
+run 60 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W" --top 30
+run 120 python3 "$R/bench/codec_gpu_planes.py" --sets adam --weights "$W" --sample 256
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else
