@@ -62,6 +62,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
+    ap.add_argument("--pack-mib", type=int, default=0,
+                    help="the store's pack size in MiB (default: s4fs's)")
+    ap.add_argument("--uploads", type=int, default=0,
+                    help="packs written at once (default: s4fs's)")
     args = ap.parse_args()
     import torch
     import torch.distributed.checkpoint as dcp
@@ -85,6 +89,17 @@ def main() -> None:
     print(f"# state: GPT trained {args.steps} steps on the GPU (loss {loss:.3f}), bf16 weights + "
           f"fp32 AdamW, {size / 2**30:.2f} GiB on the device; medians of {args.repeat}; "
           f"every save timing includes os.sync()")
+    if args.pack_mib or args.uploads:      # the store's write pattern, for this run
+        import dataclasses
+        from s4fs.fs import FsConfig
+        from s4fs.ingest import IngestConfig
+        ing = IngestConfig()
+        ing = dataclasses.replace(ing, pack_size=(args.pack_mib << 20) or ing.pack_size,
+                                  max_uploads=args.uploads or ing.max_uploads)
+        for root in (store, os.path.join(shm, "store") if shm else None):
+            if root:
+                s4fs.api.filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing))
+        print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
     rows: dict[str, list[float]] = {}
 
     def add(name, t):

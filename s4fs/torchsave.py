@@ -14,8 +14,9 @@ storage record (zip data descriptor and central directory) and the serialization
   store them.
 * **CUDA storages**: coded on the device, straight from the tensors' memory, batched
   across tensors (``s4fs.codec.gpu.compress_many``); the CRC-32s and the file's
-  XXH3-128 are computed on the device too (``s4fs.codec.gpu._wholefile``), so only
-  coded bytes cross to the host. The manifest is built here, with the same streams,
+  XXH3-128 are computed on the device too (``s4fs.codec.gpu._wholefile``; the hash on
+  a thread and stream of its own while the storages are coded), so only coded bytes
+  cross to the host. The manifest is built here, with the same streams,
   names and dtypes the parser would give.
 
 ``async_save`` takes a snapshot first (the pickle, and a copy of every storage: on the
@@ -379,8 +380,8 @@ class _DeviceSave:
                 n = lay.storage_records[what].size
                 pieces.append((off, n, host[what] if what in host
                                else int(lay.storages[what].data_ptr())))
-        digest = gpu.xxh3_128_pieces(pieces, lay.size, device=self.device)
-        st.mark("XXH3-128 (device)")
+        # on a thread (and stream) of its own, beside the coding: both only read the storages
+        hashing = _hasher().submit(gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
 
         # 3. streams: raw (every host byte) + one per storage record, as the parser makes
         pkl = next(r for r in lay.records if r.name == "data.pkl")
@@ -407,8 +408,11 @@ class _DeviceSave:
             st.mark("code (GPU) + pack")
             packs.finish()
             st.mark("store (pack uploads)")
+            digest = hashing.result()
+            st.mark("XXH3-128 (device, beside the coding): the wait")
         except BaseException:
             packs.abandon()
+            cf.wait([hashing])          # it reads the storages: done before they may go
             raise
         finally:
             _gpu_release()
@@ -477,6 +481,19 @@ def _gpu_release() -> None:
 
 _executor: cf.ThreadPoolExecutor | None = None
 _exec_lock = threading.Lock()
+
+
+_hash_executor: cf.ThreadPoolExecutor | None = None
+
+
+def _hasher() -> cf.ThreadPoolExecutor:
+    """The thread that hashes device saves' files beside their coding (one codec backend
+    and stream, kept across saves)."""
+    global _hash_executor
+    with _exec_lock:
+        if _hash_executor is None:
+            _hash_executor = cf.ThreadPoolExecutor(1, thread_name_prefix="s4fs-save-hash")
+        return _hash_executor
 
 
 def _background() -> cf.ThreadPoolExecutor:

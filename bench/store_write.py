@@ -1,0 +1,90 @@
+"""How fast a local store takes a save's packs, by write pattern (the disk under it).
+
+A save through the Python API ends by writing its packs: each pack a temporary file,
+written, fsync'ed and renamed, ``max_uploads`` at a time. This writes ``--gib`` GiB of
+random bytes (incompressible, as coded blobs are) in the same way under ``--dir`` for
+several pack sizes and numbers of writers, and, for comparison, the way ``torch.save``
++ ``os.sync()`` does it: one file, no fsync, one sync of everything at the end.
+
+    python bench/store_write.py [--dir /tmp] [--gib 1.4] [--packs 32,128] [--writers 1,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+MiB = 1 << 20
+
+
+def _pack(folder: str, k: int, data: memoryview, fsync: bool) -> None:
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(folder, f"pack-{k}"))
+
+
+def _packs(folder: str, buf: memoryview, pack: int, writers: int, fsync: bool) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(lambda k: _pack(folder, k, buf[k * pack: (k + 1) * pack], fsync),
+                      range(-(-len(buf) // pack))))
+    if not fsync:
+        os.sync()
+    return time.perf_counter() - t0
+
+
+def _one_file(folder: str, buf: memoryview) -> float:
+    t0 = time.perf_counter()
+    with open(os.path.join(folder, "one"), "wb") as f:
+        f.write(buf)
+    os.sync()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--gib", type=float, default=1.4)
+    p.add_argument("--packs", default="32,128", help="MiB per pack")
+    p.add_argument("--writers", default="1,4,8,16")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+    n = int(args.gib * (1 << 30))
+    buf = memoryview(os.urandom(n))
+    rows = []
+
+    def timed(label, fn):
+        times = []
+        for _ in range(args.repeat):
+            folder = tempfile.mkdtemp(dir=args.dir, prefix="s4fs-store-write-")
+            try:
+                os.sync()
+                times.append(fn(folder))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        times.sort()
+        t = times[len(times) // 2]
+        rows.append((label, t, n / t / 1e9))
+        print(f"| {label} | {t:.3f} | {n / t / 1e9:.2f} |", flush=True)
+
+    print(f"# {n / MiB:.0f} MiB of random bytes under {args.dir}; medians of {args.repeat}")
+    print("| pattern | s | GB/s |\n|---|---:|---:|")
+    timed("one file, then os.sync() (torch.save's way)", lambda d: _one_file(d, buf))
+    for pack in (int(x) * MiB for x in args.packs.split(",")):
+        for w in (int(x) for x in args.writers.split(",")):
+            timed(f"{pack // MiB} MiB packs, {w} writers, fsync each",
+                  lambda d, pack=pack, w=w: _packs(d, buf, pack, w, True))
+        timed(f"{pack // MiB} MiB packs, 4 writers, one os.sync() at the end",
+              lambda d, pack=pack: _packs(d, buf, pack, 4, False))
+
+
+if __name__ == "__main__":
+    main()
