@@ -91,6 +91,7 @@ def main() -> None:
           f"every save timing includes os.sync()")
     if args.pack_mib or args.uploads:      # the store's write pattern, for this run
         import dataclasses
+        from s4fs.api import filesystem
         from s4fs.fs import FsConfig
         from s4fs.ingest import IngestConfig
         ing = IngestConfig()
@@ -98,7 +99,7 @@ def main() -> None:
                                   max_uploads=args.uploads or ing.max_uploads)
         for root in (store, os.path.join(shm, "store") if shm else None):
             if root:
-                s4fs.api.filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing))
+                filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing))
         print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
     rows: dict[str, list[float]] = {}
 

@@ -426,7 +426,7 @@ class _DeviceSave:
         import torch
         from s4fs.codec import _container, gpu
         from s4fs.manifest import ChunkRef
-        lay = self.job.lay
+        lay, stages = self.job.lay, self.job.stages
         step = self.cfg.chunk_size
         batch: list = []
         held = 0                                  # raw bytes in the batch
@@ -436,12 +436,15 @@ class _DeviceSave:
             held = 0
             if not batch:
                 return
+            stages.mark("code (GPU) + pack")
             blobs = gpu.compress_many([(t, s.dtype) for s, t in batch],
                                       profile=self.job.profile, out="host")
+            stages.mark("GPU coding (blobs in pinned memory)")
             for (s, t), blob in zip(batch, blobs):
                 pack, off = packs.add(blob)        # a view of pinned memory, joined once
                 s.chunks.append(ChunkRef(pack, off, len(blob), t.numel(),
                                          _container.unpack(blob).checksum))
+            stages.mark("packing (and waiting for pack writes)")
             batch.clear()
 
         for s, i in jobs:
