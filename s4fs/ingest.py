@@ -132,8 +132,10 @@ class _Pools:
 class PackWriter:
     """Appends blobs to packs and uploads full packs in the background."""
 
-    def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None):
+    def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None,
+                 uploads: int | None = None):
         self.store, self.cfg = store, cfg
+        self.max_uploads = uploads or cfg.max_uploads     # packs written at once
         self.keys: list[str] = []
         self._buf: list[bytes] = []
         self._buf_len = 0
@@ -158,7 +160,7 @@ class PackWriter:
         self.keys.append(key)
         self._buf, self._buf_len = [], 0
         self._key = keys.new_pack_key()
-        while len(self._uploads) >= self.cfg.max_uploads:
+        while len(self._uploads) >= self.max_uploads:
             self._uploads.popleft().result()
         metrics.uploads_started()
 

@@ -54,6 +54,7 @@ _CD_SIG = b"PK\x01\x02"
 _M64 = (1 << 64) - 1
 GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
 LOAD_BATCH_BYTES = 1 << 30         # raw bytes decoded per batch while the next is read
+DEVICE_SAVE_UPLOADS = 16           # packs a device save writes at once (no pack cache)
 
 
 last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
@@ -400,8 +401,13 @@ class _DeviceSave:
             streams.append(s)
             extents.append((off, size, len(streams) - 1, 0))
             jobs.append((s, what))
-        packs = PackWriter(self.fs.store, self.cfg,
-                           self.fs.pack_cache.put if self.fs.pack_cache is not None else None)
+        cache = self.fs.pack_cache
+        # without a pack cache a pack in flight is a list of views of the batch's pinned
+        # buffer (no copy of its own), so more of them at once cost no memory, and a local
+        # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
+        packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
+                           uploads=None if cache is not None else
+                           max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
         try:
             self._code_tensors(jobs, host, packs)
             self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)

@@ -198,3 +198,39 @@ def test_zip_metadata_is_read_from_the_raw_stream_only(tmp_path):
         assert pkl == z.read("z/data.pkl") and names == z.namelist()
     tensor_keys = {c.key() for s in m.streams if s.kind == "tensor" for c in s.chunks}
     assert not tensor_keys & set(fs.source._lru)      # no tensor chunk was decoded
+
+
+@pytest.mark.parametrize("uploads", [None, 16])
+def test_pack_writer_keeps_at_most_its_bound_of_packs_in_flight(tmp_path, uploads):
+    """A device save writes up to 16 packs at once (views of its pinned batch, no copies);
+    every other writer keeps the config's bound. Every pack lands, with its bytes."""
+    import threading
+    import time
+    from s4fs.ingest import IngestConfig, PackWriter
+    from s4fs.stores.local import LocalStore
+
+    class Slow(LocalStore):
+        def __init__(self, root):
+            super().__init__(root)
+            self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+        def put_parts(self, key, parts):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05)
+            try:
+                super().put_parts(key, parts)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+    store = Slow(str(tmp_path))
+    cfg = IngestConfig(pack_size=1 << 10, max_uploads=4)
+    w = PackWriter(store, cfg, uploads=uploads)
+    blobs = [bytes([k]) * 1000 for k in range(40)]
+    where = [w.add(b) for b in blobs]
+    w.finish()
+    assert store.most == (uploads or 4)
+    for (key, off), b in zip(where, blobs):
+        assert store.get(key)[off: off + len(b)] == b
