@@ -4,10 +4,11 @@ The stages of one ``compress_many`` call (methods of ``_Encode``, named as in th
 benchmark's stage table):
 
 * stage in — inputs on the device (host inputs staged through pinned memory);
-* checksum — XXH3-64 of every input and base (3 launches);
 * zero blocks — which blocks of every full chunk are all zero (one launch, one small
   readback); chunks with enough of them are coded from their other blocks, gathered in
   one launch, and hashed again (the self-check restores those bytes);
+* checksum — XXH3-64 of every input and base (3 launches; after the zero blocks' wait,
+  so the device hashes while the host plans the split);
 * split — planes into one scratch, XOR-ing delta bases on the fly, constant flags, first
   bytes, byte histograms and entropy estimates (one launch per plane layout, three small
   ones);
@@ -74,8 +75,8 @@ def compress_many(items, *, profile: GpuProfile | None = None, out: str = "bytes
         return []
     run = _Encode(backend or cuda_backend(), profile, items, timer)
     run.stage_in()
-    run.checksum()
     run.zero_blocks()
+    run.checksum()
     run.split()
     run.readback()
     run.choose_codecs()
@@ -105,6 +106,7 @@ class _Encode:
         staging.flush()
         keep.append(staging)
         self.datas = finish(b, datas, staging, keep)
+        self.inputs = list(self.datas)      # zero blocks replace some datas; not these
         bases_in = iter(finish(b, bases_in, staging, keep))
         self.bases: list[Buffer | None] = []
         for it, d in zip(items, self.datas):
@@ -116,8 +118,10 @@ class _Encode:
         self.mark("stage in")
 
     def checksum(self) -> None:
-        """XXH3-64 of every input and base (the container's checksums), on the device."""
-        hashed = [(d.ptr, d.nbytes) for d in self.datas] + \
+        """XXH3-64 of every input and base (the container's checksums), on the device.
+        Launched after the zero-block scan's readback, so that the host does not wait for
+        the device to hash every byte before it can go on."""
+        hashed = [(d.ptr, d.nbytes) for d in self.inputs] + \
             [(x.ptr, x.nbytes) for x in self.bases if x]
         self.nhashed = len(hashed)
         self.d_hash = hash_buffers(self.b, [p for p, _ in hashed], [n for _, n in hashed],
