@@ -372,7 +372,7 @@ class _DeviceSave:
         finish_layout(lay, [crcs[i] for i in range(len(lay.storages))])
         st.mark("CRC-32 (device)")
 
-        # 2. the whole file's XXH3-128, on the device
+        # 2. the file as pieces, for its XXH3-128 on the device (hashed below)
         pieces = []                       # (offset, length, host bytes | device pointer)
         for off, (kind, what) in lay.pieces():
             if kind == "host":
@@ -381,8 +381,6 @@ class _DeviceSave:
                 n = lay.storage_records[what].size
                 pieces.append((off, n, host[what] if what in host
                                else int(lay.storages[what].data_ptr())))
-        # on a thread (and stream) of its own, beside the coding: both only read the storages
-        hashing = _hasher().submit(gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
 
         # 3. streams: raw (every host byte) + one per storage record, as the parser makes
         pkl = next(r for r in lay.records if r.name == "data.pkl")
@@ -408,6 +406,9 @@ class _DeviceSave:
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
                            max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
+        # the hash on a thread (and stream) of its own, beside the coding: both only read
+        # the storages, and the save does not end (nor free a snapshot) before it is done
+        hashing = _hasher().submit(gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
         try:
             self._code_tensors(jobs, host, packs)
             self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
