@@ -141,6 +141,14 @@ def _data(args, weights):
     return out, source, sizes
 
 
+def device_sets(sets: str, size: float, weights: str | None):
+    """This bench's data sets on the device, for the benches built on it: ``(data,
+    source, sizes)`` as ``_data`` gives them."""
+    opts = _args(["--sets", sets, "--size", str(size)] + (["--weights", weights] if weights
+                                                          else []))
+    return _data(opts, _weights_path(opts.weights))
+
+
 def _chunks(t, chunk_bytes, sizes=None):
     """``t`` cut into chunks of ``chunk_bytes``; with ``sizes`` (the element counts of
     the tensors ``t`` tiles) every tensor is cut on its own, as s4fs cuts storages."""

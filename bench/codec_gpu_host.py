@@ -38,9 +38,7 @@ def main(argv=None) -> None:
     import codec_gpu as B
     from s4fs.codec import gpu
     gpu.require()
-    opts = B._args(["--sets", args.sets, "--size", str(args.size)]
-                   + (["--weights", args.weights] if args.weights else []))
-    data, source, sizes = B._data(opts, B._weights_path(opts.weights))
+    data, source, sizes = B.device_sets(args.sets, args.size, args.weights)
     print(f"# {source}, {args.size:g} GiB per set, chunks cut "
           f"{'per tensor' if args.chunking == 'storage' else 'across tensors'}; medians of "
           f"{args.repeat}")

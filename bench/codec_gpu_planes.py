@@ -72,9 +72,7 @@ def main(argv=None) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from s4fs.codec import compress, gpu
     gpu.require()
-    opts = B._args(["--sets", args.sets, "--size", str(args.size)]
-                   + (["--weights", args.weights] if args.weights else []))
-    data, source, sizes = B._data(opts, B._weights_path(opts.weights))
+    data, source, sizes = B.device_sets(args.sets, args.size, args.weights)
     what = f"the first {args.sample:g} MiB of chunks" if args.sample else "every chunk"
     print(f"# {source}; {what}, cut per tensor")
     for name, (dtype, flat) in data.items():
