@@ -44,6 +44,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from s4fs.errors import InvalidArgument, S4Error
+from s4fs.workers import ProcessWide
 
 log = logging.getLogger("s4fs.save")
 
@@ -408,7 +409,8 @@ class _DeviceSave:
                            max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
         # the hash on a thread (and stream) of its own, beside the coding: both only read
         # the storages, and the save does not end (nor free a snapshot) before it is done
-        hashing = _hasher().submit(gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
+        hashing = _hashing.get(_one_thread("s4fs-save-hash")).submit(
+            gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
         try:
             self._code_tensors(jobs, host, packs)
             self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
@@ -489,29 +491,13 @@ def _gpu_release() -> None:
 
 # --------------------------------------------------------------------------- async
 
-_executor: cf.ThreadPoolExecutor | None = None
-_exec_lock = threading.Lock()
+_background = ProcessWide()         # the thread async saves run on, one after another
+_hashing = ProcessWide()            # the thread that hashes device saves' files beside
+                                    # their coding (one codec backend and stream, kept)
 
 
-_hash_executor: cf.ThreadPoolExecutor | None = None
-
-
-def _hasher() -> cf.ThreadPoolExecutor:
-    """The thread that hashes device saves' files beside their coding (one codec backend
-    and stream, kept across saves)."""
-    global _hash_executor
-    with _exec_lock:
-        if _hash_executor is None:
-            _hash_executor = cf.ThreadPoolExecutor(1, thread_name_prefix="s4fs-save-hash")
-        return _hash_executor
-
-
-def _background() -> cf.ThreadPoolExecutor:
-    global _executor
-    with _exec_lock:
-        if _executor is None:
-            _executor = cf.ThreadPoolExecutor(1, thread_name_prefix="s4fs-async-save")
-        return _executor
+def _one_thread(name: str):
+    return lambda: cf.ThreadPoolExecutor(1, thread_name_prefix=name)
 
 
 def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
@@ -526,7 +512,7 @@ def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
         fut: cf.Future = cf.Future()
         fut.set_exception(exc)
         return fut
-    return _background().submit(job.run)
+    return _background.get(_one_thread("s4fs-async-save")).submit(job.run)
 
 
 # --------------------------------------------------------------------------- loading

@@ -319,7 +319,8 @@ class Pool:
 
 class ProcessWide:
     """One pool per process, made on first use and shared by every file (the CPU
-    workers here, the GPU worker in ``s4fs.gpu_pool``)."""
+    workers here, the GPU worker in ``s4fs.gpu_pool``, the API's save threads in
+    ``s4fs.torchsave``)."""
 
     def __init__(self) -> None:
         self._pool = None

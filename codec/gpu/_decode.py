@@ -308,12 +308,10 @@ class _Decode:
         zq = [i for i, h in enumerate(heads) if h.block]
         maps = np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8)
         mlen = np.array([len(heads[i].keep_map) for i in zq], dtype=np.int64)
+        zlog = np.array([heads[i].block.bit_length() - 1 for i in zq], dtype=np.int64)
         maps, _ = C.masked_maps(maps, np.cumsum(mlen) - mlen,
-                                [C.block_counts(heads[i].raw_len, heads[i].block.bit_length() - 1)
-                                 for i in zq])
-        self.zero = (np.array(zq, dtype=np.int64),
-                     np.array([heads[i].block.bit_length() - 1 for i in zq], dtype=np.int64),
-                     maps)
+                                C.block_counts(self.raw_len[zq], zlog))
+        self.zero = (np.array(zq, dtype=np.int64), zlog, maps)
         self.pkind = np.zeros(pl.nplanes, dtype=np.int64)
         self.ppos = np.zeros(pl.nplanes, dtype=np.int64)
         self.pspec = np.full(pl.nplanes, -1, dtype=np.int64)
