@@ -1,10 +1,11 @@
 """How fast a local store takes a save's packs, by write pattern (the disk under it).
 
 A save through the Python API ends by writing its packs: each pack a temporary file,
-written, fsync'ed and renamed, ``max_uploads`` at a time. This writes ``--gib`` GiB of
-random bytes (incompressible, as coded blobs are) in the same way under ``--dir`` for
-several pack sizes and numbers of writers, and, for comparison, the way ``torch.save``
-+ ``os.sync()`` does it: one file, no fsync, one sync of everything at the end.
+written, fsync'ed and renamed (``LocalStore.put_parts``), several at a time. This writes
+``--gib`` GiB of random bytes (incompressible, as coded blobs are) through that same
+store under ``--dir`` for several pack sizes and numbers of writers, and, for
+comparison, the way ``torch.save`` + ``os.sync()`` does it: one file, no fsync, one sync
+of everything at the end.
 
     python bench/store_write.py [--dir /tmp] [--gib 1.4] [--packs 32,128] [--writers 1,4,8,16]
 """
@@ -21,21 +22,24 @@ from concurrent.futures import ThreadPoolExecutor
 MiB = 1 << 20
 
 
-def _pack(folder: str, k: int, data: memoryview, fsync: bool) -> None:
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".part")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(folder, f"pack-{k}"))
-
-
 def _packs(folder: str, buf: memoryview, pack: int, writers: int, fsync: bool) -> float:
+    """Packs as s4fs's local store writes them (``LocalStore.put_parts``: a temporary
+    file, written, fsync'ed, renamed), or, ``fsync=False``, plain files and one sync."""
+    from s4fs import keys
+    from s4fs.stores.local import LocalStore
+    store = LocalStore(folder)
+
+    def put(k: int) -> None:
+        data = buf[k * pack: (k + 1) * pack]
+        if fsync:
+            store.put_parts(keys.new_pack_key(), [data])
+        else:
+            with open(os.path.join(folder, f"pack-{k}"), "wb") as f:
+                f.write(data)
+
     t0 = time.perf_counter()
     with ThreadPoolExecutor(writers) as pool:
-        list(pool.map(lambda k: _pack(folder, k, buf[k * pack: (k + 1) * pack], fsync),
-                      range(-(-len(buf) // pack))))
+        list(pool.map(put, range(-(-len(buf) // pack))))
     if not fsync:
         os.sync()
     return time.perf_counter() - t0
