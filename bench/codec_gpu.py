@@ -252,7 +252,8 @@ def _measure(gpu, set_name, prof, items, chunks, raw, args, nsample):
     """One profile on one data set: a table row (without the CPU column) and stage rows;
     the row's third field is the stored share of the first ``nsample`` chunks (the CPU's
     sample: a tiled set's first chunks are not its average)."""
-    gpu.compress_many(items[:4], profile=prof, out="device")              # warm up
+    # warm up at full size: the first call of a size allocates (pool blocks, pinned memory)
+    gpu.decompress_many(gpu.compress_many(items, profile=prof, out="device"), out="device")
     t_enc, blobs = _best(lambda: gpu.compress_many(items, profile=prof, out="device"),
                          args.repeat)
     stored = sum(int(x.nbytes) for x in blobs)

@@ -5,7 +5,8 @@ written, fsync'ed and renamed (``LocalStore.put_parts``), several at a time. Thi
 ``--gib`` GiB of random bytes (incompressible, as coded blobs are) through that same
 store under ``--dir`` for several pack sizes and numbers of writers, and, for
 comparison, the way ``torch.save`` + ``os.sync()`` does it: one file, no fsync, one sync
-of everything at the end.
+of everything at the end; and two patterns s4fs does not use, to see what the disk has
+left: one sync at the end instead of an fsync per pack, and O_DIRECT writes.
 
     python bench/store_write.py [--dir /tmp] [--gib 1.4] [--packs 32,128] [--writers 1,4,8,16]
 """
@@ -13,6 +14,7 @@ of everything at the end.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import shutil
 import tempfile
@@ -45,6 +47,32 @@ def _packs(folder: str, buf: memoryview, pack: int, writers: int, fsync: bool) -
     return time.perf_counter() - t0
 
 
+def _direct(folder: str, buf: memoryview, pack: int, writers: int) -> float:
+    """Packs written with O_DIRECT (no page cache; ``buf`` is page-aligned, packs are
+    whole pages but the last), each fsync'ed: how far the disk goes past the page cache."""
+    def put(k: int) -> None:
+        data = buf[k * pack: (k + 1) * pack]
+        whole = len(data) // 4096 * 4096
+        path = os.path.join(folder, f"pack-{k}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+        try:
+            done = 0
+            while done < whole:
+                done += os.write(fd, data[done: whole])
+        finally:
+            os.close(fd)
+        with open(path, "r+b") as f:          # the tail (under a page) through the cache
+            f.seek(whole)
+            f.write(data[whole:])
+            f.flush()
+            os.fsync(f.fileno())
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(put, range(-(-len(buf) // pack))))
+    return time.perf_counter() - t0
+
+
 def _one_file(folder: str, buf: memoryview) -> float:
     t0 = time.perf_counter()
     with open(os.path.join(folder, "one"), "wb") as f:
@@ -62,7 +90,9 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
     n = int(args.gib * (1 << 30))
-    buf = memoryview(os.urandom(n))
+    area = mmap.mmap(-1, n)                  # page-aligned, for the O_DIRECT rows
+    area[:] = os.urandom(n)
+    buf = memoryview(area)
     rows = []
 
     def timed(label, fn):
@@ -86,8 +116,12 @@ def main(argv=None) -> None:
         for w in (int(x) for x in args.writers.split(",")):
             timed(f"{pack // MiB} MiB packs, {w} writers, fsync each",
                   lambda d, pack=pack, w=w: _packs(d, buf, pack, w, True))
-        timed(f"{pack // MiB} MiB packs, 4 writers, one os.sync() at the end",
-              lambda d, pack=pack: _packs(d, buf, pack, 4, False))
+        for w in sorted({4, max(int(x) for x in args.writers.split(","))}):
+            timed(f"{pack // MiB} MiB packs, {w} writers, one os.sync() at the end",
+                  lambda d, pack=pack, w=w: _packs(d, buf, pack, w, False))
+            if hasattr(os, "O_DIRECT"):
+                timed(f"{pack // MiB} MiB packs, {w} writers, O_DIRECT, fsync each",
+                      lambda d, pack=pack, w=w: _direct(d, buf, pack, w))
 
 
 if __name__ == "__main__":

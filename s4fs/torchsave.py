@@ -54,6 +54,8 @@ _DESC_SIG = b"PK\x07\x08"
 _CD_SIG = b"PK\x01\x02"
 _M64 = (1 << 64) - 1
 GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
+GPU_FIRST_BATCHES = (64 << 20, 256 << 20)   # a device save's first batches are smaller:
+                                   # its first packs reach the disk after a few ms of coding
 LOAD_BATCH_BYTES = 1 << 30         # raw bytes decoded per batch while the next is read
 DEVICE_SAVE_UPLOADS = 16           # packs a device save writes at once (no pack cache)
 
@@ -409,12 +411,13 @@ class _DeviceSave:
                            max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
         # the hash on a thread (and stream) of its own, beside the coding: both only read
         # the storages, and the save does not end (nor free a snapshot) before it is done
+        st.mark("plan (pickle scan, streams)")
         hashing = _hashing.get(_one_thread("s4fs-save-hash")).submit(
             gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
         try:
             self._code_tensors(jobs, host, packs)
             self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
-            st.mark("code (GPU) + pack")
+            st.mark("CPU storages (CPU codec)")
             packs.finish()
             st.mark("store (pack uploads)")
             digest = hashing.result()
@@ -431,7 +434,8 @@ class _DeviceSave:
                         extents=extents, names=names, own_packs=list(packs.keys), base=None)
 
     def _code_tensors(self, jobs, host: dict, packs) -> None:
-        """Device storages in GPU batches of up to GPU_BATCH_BYTES; CPU ones on the CPU."""
+        """Device storages in GPU batches (the first ones small, then up to
+        GPU_BATCH_BYTES), then the CPU ones on the CPU while the packs are written."""
         import torch
         from s4fs.codec import _container, gpu
         from s4fs.manifest import ChunkRef
@@ -439,13 +443,14 @@ class _DeviceSave:
         step = self.cfg.chunk_size
         batch: list = []
         held = 0                                  # raw bytes in the batch
+        flushed = 0                               # batches coded so far
 
         def flush():
-            nonlocal held
+            nonlocal held, flushed
             held = 0
             if not batch:
                 return
-            stages.mark("code (GPU) + pack")
+            stages.mark("batching")
             blobs = gpu.compress_many([(t, s.dtype) for s, t in batch],
                                       profile=self.job.profile, out="host")
             stages.mark("GPU coding (blobs in pinned memory)")
@@ -455,20 +460,25 @@ class _DeviceSave:
                                          _container.unpack(blob).checksum))
             stages.mark("packing (and waiting for pack writes)")
             batch.clear()
+            flushed += 1
 
         for s, i in jobs:
             if i in host:
-                self._code_host(s, host[i], packs)
-                continue
+                continue                          # after the device ones (below)
             stg = lay.storages[i]
             n = stg.nbytes()
             whole = torch.empty(0, dtype=torch.uint8, device=stg.device).set_(stg, 0, (n,))
             for o in range(0, n, step):
                 batch.append((s, whole[o: o + step]))
                 held += batch[-1][1].numel()
-                if held >= GPU_BATCH_BYTES:
+                if held >= (GPU_FIRST_BATCHES[flushed] if flushed < len(GPU_FIRST_BATCHES)
+                            else GPU_BATCH_BYTES):
                     flush()
         flush()
+        for s, i in jobs:
+            if i in host:
+                self._code_host(s, host[i], packs)
+        stages.mark("CPU storages (CPU codec)")
 
     def _code_host(self, stream, mv, packs) -> None:
         """Host bytes into ``stream``'s chunks, coded whole on the CPU (ingest's rule)."""

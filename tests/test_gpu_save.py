@@ -103,6 +103,31 @@ def test_save_of_cuda_state_is_the_torch_file_and_gpu_coded(tmp_path):
     assert torch.equal(back["cpu_part"].cpu(), sd["cpu_part"])
 
 
+def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path, monkeypatch):
+    """Small first batches, then full ones; CPU storages among the CUDA ones are coded
+    after them: the file and the load are the same as in one batch."""
+    import s4fs
+    from s4fs import torchsave
+    monkeypatch.setattr(torchsave, "GPU_FIRST_BATCHES", (1 << 20, 3 << 20))
+    monkeypatch.setattr(torchsave, "GPU_BATCH_BYTES", 5 << 20)
+    torch.manual_seed(3)
+    sd = {f"t{i}": (torch.randn(300_000 + 4099 * i, device="cuda").to(
+        torch.bfloat16 if i % 2 else torch.float32)) for i in range(8)}
+    sd["cpu_step"] = torch.tensor(7.0)
+    sd["cpu_big"] = torch.randn(600_000)
+    sd["adv"] = _adversarial(torch.float32, n=1 << 20)
+    store = _store(tmp_path)
+    s4fs.save(sd, str(store / "ckpt_9.pt"))
+    assert torchsave.last_stages["save"]["GPU coding (blobs in pinned memory)"] > 0
+    ref = tmp_path / "ckpt_9.pt"
+    torch.save(sd, str(ref))
+    assert s4fs.read_bytes(str(store / "ckpt_9.pt")) == ref.read_bytes()
+    back = s4fs.load(str(store / "ckpt_9.pt"), map_location="cuda")
+    for k, v in sd.items():
+        assert torch.equal(back[k].cpu().reshape(-1).view(torch.uint8),
+                           v.cpu().reshape(-1).view(torch.uint8)), k
+
+
 def test_load_to_cuda_of_a_cpu_saved_delta_chain(tmp_path):
     import s4fs
     store = _store(tmp_path)
