@@ -66,6 +66,12 @@ def main() -> None:
                     help="the store's pack size in MiB (default: s4fs's)")
     ap.add_argument("--uploads", type=int, default=0,
                     help="packs written at once (default: s4fs's)")
+    ap.add_argument("--first-batches", default=None,
+                    help="MiB of a device save's first GPU batches, comma-separated "
+                         "('' for none: every batch 1 GiB); default: s4fs's")
+    ap.add_argument("--timeline", action="store_true",
+                    help="then one more s4fs.save, traced: its GPU batches, its pack writes "
+                         "(how busy the disk was kept) and the main thread's profile")
     args = ap.parse_args()
     import torch
     import torch.distributed.checkpoint as dcp
@@ -101,6 +107,11 @@ def main() -> None:
             if root:
                 filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing))
         print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
+    if args.first_batches is not None:
+        from s4fs import torchsave
+        torchsave.GPU_FIRST_BATCHES = tuple(int(x) << 20 for x in args.first_batches.split(",")
+                                            if x.strip())
+        print(f"# first GPU batches: {args.first_batches or 'none'} MiB")
     rows: dict[str, list[float]] = {}
 
     def add(name, t):
@@ -171,9 +182,78 @@ def main() -> None:
     print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
           f"({100 * m.stored_bytes() / m.size:.1f} %); stored file == torch.save's file: {same}; "
           f"s4fs.load to cuda bit-exact: {exact}")
+    if args.timeline:
+        traced_save(sd, os.path.join(store, "traced.pt"))
     shutil.rmtree(work, ignore_errors=True)
     if shm:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def traced_save(sd, path: str) -> None:
+    """One s4fs.save (+ os.sync) with its GPU batches and pack writes timed and its main
+    thread profiled: where the save leaves the disk idle or under-fed."""
+    import cProfile
+    import pstats
+    import threading
+    import s4fs
+    from s4fs.codec import gpu
+    from s4fs.stores.local import LocalStore
+    ev: list = []
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+    put, code = LocalStore.put_parts, gpu.compress_many
+
+    def traced_put(self, key, parts):
+        a = time.perf_counter()
+        try:
+            return put(self, key, parts)
+        finally:
+            with lock:
+                ev.append(("write", a - t0, time.perf_counter() - t0,
+                           sum(memoryview(x).nbytes for x in parts)))
+
+    def traced_code(items, **kw):
+        a = time.perf_counter()
+        try:
+            return code(items, **kw)
+        finally:
+            ev.append(("code", a - t0, time.perf_counter() - t0,
+                       sum(t.numel() * t.element_size() for t, _ in items)))
+
+    LocalStore.put_parts, gpu.compress_many = traced_put, traced_code
+    prof = cProfile.Profile()
+    try:
+        t0 = time.perf_counter()
+        prof.enable()
+        s4fs.save(sd, path)
+        prof.disable()
+        t_save = time.perf_counter() - t0
+        os.sync()
+        t_all = time.perf_counter() - t0
+    finally:
+        LocalStore.put_parts, gpu.compress_many = put, code
+    writes = sorted(e[1:] for e in ev if e[0] == "write")
+    print(f"\n# traced s4fs.save: {t_save:.3f} s, {t_all:.3f} s with os.sync()")
+    for _, a, b, n in (e for e in ev if e[0] == "code"):
+        print(f"#   GPU batch of {n / 2**20:.0f} MiB: {a:.3f} -> {b:.3f} s")
+    if writes:
+        edges = sorted([(a, 1) for a, _, _ in writes] + [(b, -1) for _, b, _ in writes])
+        busy, depth, last, weighted = 0.0, 0, edges[0][0], 0.0
+        for t, d in edges:
+            if depth:
+                busy += t - last
+                weighted += depth * (t - last)
+            depth, last = depth + d, t
+        total = sum(n for _, _, n in writes)
+        print(f"#   {len(writes)} pack writes, {total / 2**20:.0f} MiB: first starts at "
+              f"{writes[0][0]:.3f} s, last ends at {max(b for _, b, _ in writes):.3f} s; "
+              f"some write in flight {busy:.3f} s, {weighted / max(busy, 1e-9):.1f} on average")
+        for lo in range(0, int(t_save * 10) + 1):    # writes in flight per 100 ms
+            a, b = lo / 10, lo / 10 + 0.1
+            inflight = sum(max(0.0, min(b, y) - max(a, x)) for x, y, _ in writes) / 0.1
+            print(f"#   {a:.1f}-{b:.1f} s: {inflight:4.1f} writes in flight")
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(20)
 
 
 def _to_cuda(obj):

@@ -135,6 +135,16 @@ run 150 python3 "$R/bench/store_write.py" --dir /tmp --gib 1.4 --repeat 2 --writ
 run 200 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp
 run 60 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 --profiles default --weights "$W" --chunking concat
 run 60 python3 "$R/bench/codec_gpu_host.py" --sets bf16,fp32,adam --weights "$W" --chunking concat --top 5
+elif [ "$1" = run10b ]; then   # tenth session: where the device save leaves the disk idle, with and without small first batches
+run 200 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp --timeline
+run 200 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp --timeline --first-batches ""
+elif [ "$1" = final10 ]; then   # tenth session's code: every GPU test, the traced GPU-resident save, the codec both cuts
+run 60 python3 -c "from s4fs.codec import _zstd_seq; print('zstd sequences (cffi):', _zstd_seq.available())"
+run 240 $T "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
+run 200 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 3 --work /tmp --timeline
+run 60 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 --profiles default --weights "$W" --chunking concat
+run 60 python3 "$R/bench/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 --profiles default --weights "$W"
+run 40 python3 "$R/bench/codec_gpu_host.py" --sets bf16 --weights "$W" --chunking concat --top 5
 elif [ "$1" = workers-mount ]; then
 run 540 python3 "$R/bench/mount.py" --source gpt --gib 1.5 --saves 4 --loads 2 --device cpu --work /tmp
 else

@@ -36,8 +36,12 @@ def _api():
     return ffi, lib
 
 
+@functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """True when python-zstandard's sequence API can be used (probed once)."""
+    """True when python-zstandard's sequence API can be used. Probed once: a failed
+    import is not cached by Python (nor by ``_api``'s cache, which keeps results, not
+    exceptions), and retrying it for every plane cost a save of many small CPU tensors
+    0.1-0.2 s on a machine without cffi."""
     try:
         _api()
     except Exception:      # no cffi, or a zstandard build without its cffi backend

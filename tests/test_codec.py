@@ -461,6 +461,32 @@ def test_hand_built_zstd_frames_decode_exactly(n, seed, runs):
         assert zstandard.ZstdDecompressor().decompress(frame, max_output_size=n) == arr.tobytes()
 
 
+def test_without_zstd_sequences_the_codec_probes_once_and_falls_back_exactly(monkeypatch):
+    """No cffi (python-zstandard without its cffi backend): the codec codes those planes
+    with deflate, every byte comes back, and the failed import is tried once, not for
+    every plane (each retry searched sys.path and loaded the extension again)."""
+    tries = []
+
+    def broken():
+        tries.append(1)
+        raise ImportError("no _cffi_backend")
+
+    monkeypatch.setattr(_zstd_seq, "_api", broken)
+    _zstd_seq.available.cache_clear()
+    try:
+        rng = np.random.default_rng(11)
+        for k in range(6):
+            data = (rng.standard_normal(3000 + k) * 0.02).astype(np.float32).tobytes()
+            blob = codec.compress(data, "float32", device="cpu")
+            assert codec.decompress(blob) == data
+            ids = {p.codec_id for p in C.unpack(blob).planes}
+            assert P.DEFLATE in ids            # the exponent plane's order-0 coder
+        assert len(tries) == 1
+    finally:
+        monkeypatch.undo()
+        _zstd_seq.available.cache_clear()
+
+
 def test_minilm_tokenizer_model_and_finetune_are_real_and_deterministic():
     from s4fs.testing import minilm
     tok = minilm.WordPiece()
