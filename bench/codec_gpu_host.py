@@ -33,6 +33,10 @@ def main(argv=None) -> None:
     p.add_argument("--weights", default=None)
     p.add_argument("--chunking", choices=("storage", "concat"), default="storage",
                    help="cut every tensor on its own (as s4fs does) or the tile as one stream")
+    p.add_argument("--hold", type=float, default=0.0,
+                   help="GiB of other device memory (torch) held while timing, as a "
+                        "training process holds its model")
+    p.add_argument("--only", default=None, help="time only this set (the others are held)")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import codec_gpu as B
@@ -42,7 +46,13 @@ def main(argv=None) -> None:
     print(f"# {source}, {args.size:g} GiB per set, chunks cut "
           f"{'per tensor' if args.chunking == 'storage' else 'across tensors'}; medians of "
           f"{args.repeat}")
+    if args.hold:
+        import torch
+        held = torch.ones(int(args.hold * (1 << 30)), dtype=torch.uint8, device="cuda")
+        print(f"# holding {held.numel() / 2**30:g} GiB of other device memory")
     for name, (dtype, flat) in data.items():
+        if args.only and not name.startswith(args.only):
+            continue
         cut = sizes if args.chunking == "storage" else None
         items = [(c, dtype) for c in B._chunks(flat, 4 << 20, cut)]
         raw = flat.numel() * flat.element_size()
