@@ -368,17 +368,22 @@ class Plan:
         self.dts = list(dts)
         self.layout = np.asarray(layouts, dtype=np.int64).reshape(-1)
         self.raw_len = np.asarray(raw_lens, dtype=np.int64).reshape(-1)
-        tpl: dict = {}
-        rows = []
-        ids = []
-        for dt, key in zip(self.dts, zip([dt.code for dt in self.dts], self.layout.tolist(),
-                                        self.raw_len.tolist())):
-            t = tpl.get(key)
-            if t is None:
-                t = tpl[key] = len(rows)
-                rows.append(_template(dt, key[1], key[2], profile))
-            ids.append(t)
-        ids = np.array(ids, dtype=np.int64)
+        # one template per chunk shape (dtype, layout, length), in order of first use
+        codes = np.fromiter((dt.code for dt in self.dts), np.int64, len(self.dts))
+        if len(codes) and (codes.max() >= 1 << 8 or self.layout.max() >= 1 << 8 or
+                           self.raw_len.max() >= 1 << 40 or min(codes.min(), self.layout.min(),
+                                                               self.raw_len.min()) < 0):
+            shape = np.unique(np.stack([codes, self.layout, self.raw_len], axis=1), axis=0,
+                              return_inverse=True)[1].reshape(-1)   # (never in practice)
+        else:
+            shape = (codes << 48) | (self.layout << 40) | self.raw_len
+        _, first, which = np.unique(shape, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        ids = rank[which.reshape(-1)]
+        rows = [_template(self.dts[j], int(self.layout[j]), int(self.raw_len[j]), profile)
+                for j in first[order].tolist()]
         self.variants = list(dict.fromkeys(r[0] for r in rows))
         self.specs = list(dict.fromkeys(sp for r in rows for _, _, sp in r[3] if sp))
         vid = {v: k for k, v in enumerate(self.variants)}

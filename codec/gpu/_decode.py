@@ -124,22 +124,19 @@ class _Decode:
         planes of CPU codecs (zstd), layouts without a kernel, or a header the batch
         reader refuses — goes blob by blob, which decodes those planes here on the host
         and says what is wrong with a bad blob."""
-        b, keep = self.b, self.keep
-        host_mv: list = []
-        on_dev = []
-        for i, blob in enumerate(self.blobs):
-            mod = type(blob).__module__
-            if mod.startswith("cupy") or (mod.startswith("torch") and
-                                          getattr(blob, "is_cuda", False)):
-                on_dev.append(i)
-                host_mv.append(None)
-            else:
-                host_mv.append(memoryview(blob).cast("B"))
-        got = resolve(b, [self.blobs[i] for i in on_dev], self.staging, keep)
+        b, keep, blobs = self.b, self.keep, self.blobs
+        on_dev = _on_device(blobs)
+        host_mv: list = [None] * len(blobs)
+        if len(on_dev) < len(blobs):
+            for i in sorted(set(range(len(blobs))) - set(on_dev)):
+                host_mv[i] = memoryview(blobs[i]).cast("B")
+        got = resolve(b, [blobs[i] for i in on_dev], self.staging, keep)
         self.host_mv = host_mv
         self.dev = {i: (r.ptr, r.nbytes) for i, r in zip(on_dev, got)}
-        self.dev_ptr = np.zeros(len(self.blobs), dtype=np.int64)
+        self.dev_ptr = np.zeros(len(blobs), dtype=np.int64)
         self.dev_ptr[on_dev] = [r.ptr for r in got]
+        self.dev_len = np.zeros(len(blobs), dtype=np.int64)
+        self.dev_len[on_dev] = [r.nbytes for r in got]
         if not self._headers_batch():
             self._headers_each()
         self.mark("headers")
@@ -168,8 +165,11 @@ class _Decode:
     def _headers_batch(self) -> bool:
         """The headers of all blobs with array operations; False: go blob by blob."""
         n = len(self.blobs)
-        totals = np.array([len(mv) if mv is not None else self.dev[i][1]
-                           for i, mv in enumerate(self.host_mv)], dtype=np.int64)
+        totals = self.dev_len.copy()
+        if len(self.dev) < n:
+            for i, mv in enumerate(self.host_mv):
+                if mv is not None:
+                    totals[i] = len(mv)
         buf, starts = self._read(np.arange(n), np.zeros(n, dtype=np.int64),
                                  np.minimum(totals, PREFIX))
         avail = np.diff(np.append(starts, len(buf)))
@@ -180,18 +180,20 @@ class _Decode:
         if not self.planes_only and np.any(heads.delta != has_base):
             return False
         known = getattr(_planes, "LAYOUTS", (_planes.FLAT, _planes.FLOAT, _planes.BYTES))
-        cache: dict = {}
-        dts = []
-        for code, lay in zip(heads.dtype_code.tolist(), heads.layout.tolist()):
-            if (code, lay) not in cache:
-                try:
-                    dt = from_code(code)
-                except CodecError:
-                    return False
-                cache[(code, lay)] = dt if lay in known and K.variant(dt, lay) else None
-            if cache[(code, lay)] is None:
+        # the dtype of every blob, decided once per (dtype code, layout) pair present
+        pairs, which = np.unique(heads.dtype_code.astype(np.int64) * 256 + heads.layout,
+                                 return_inverse=True)
+        kinds = []
+        for key in pairs.tolist():
+            code, lay = divmod(key, 256)
+            try:
+                dt = from_code(code)
+            except CodecError:
                 return False
-            dts.append(cache[(code, lay)])
+            if lay not in known or not K.variant(dt, lay):
+                return False
+            kinds.append(dt)
+        dts = [kinds[k] for k in which.reshape(-1).tolist()]
         pl = Plan(dts, heads.layout, heads.coded_len)
         if not (np.array_equal(pl.np, heads.nplanes) and
                 np.array_equal(pl.raw, heads.plane_raw)):
@@ -230,7 +232,7 @@ class _Decode:
                 return False
         ans = cid[cq] == P.NVCOMP_ANS
         if ans.any():
-            for v in {tuple(x) for x in version[ans].tolist()}:
+            for v in map(tuple, np.unique(np.asarray(version)[ans], axis=0).tolist()):
                 try:
                     _codecs.check_ans_version(v, self.b.nvcomp_version)
                 except CodecError:
@@ -422,6 +424,22 @@ class _Decode:
         return [v.tobytes() for v in views]
 
 
+def _on_device(blobs: list) -> list[int]:
+    """Indices of the blobs in device memory (CuPy arrays, CUDA tensors), by type: a batch
+    is thousands of blobs of one or two types."""
+    kinds: dict = {}
+    out = []
+    for i, blob in enumerate(blobs):
+        t = type(blob)
+        k = kinds.get(t)
+        if k is None:
+            mod = t.__module__
+            k = kinds[t] = 1 if mod.startswith("cupy") else 2 if mod.startswith("torch") else 0
+        if k == 1 or (k == 2 and getattr(blob, "is_cuda", False)):
+            out.append(i)
+    return out
+
+
 def spec_for(cid: int, head: _payload.PayloadHeader) -> CodecSpec:
     """The nvCOMP configuration that decodes a plane: what its payload header records,
     nothing else (the encoder's self-check decodes with it too)."""
@@ -486,10 +504,17 @@ def _plane_specs(nplanes: int, cq, cid, option, chunk, counts):
     spec = np.full(nplanes, -1, dtype=np.int64)
     if not len(cq):
         return spec, [], pcount
-    keys = np.stack([np.asarray(cid)[cq], np.asarray(option), np.asarray(chunk)], axis=1)
-    combos, which = np.unique(keys.astype(np.int64), axis=0, return_inverse=True)
+    c, o, ch = (np.asarray(x, dtype=np.int64).reshape(-1) for x in
+                (np.asarray(cid)[cq], option, chunk))
+    if c.min() >= 0 and c.max() < 1 << 15 and o.min() >= 0 and o.max() < 1 << 16 and \
+            ch.min() >= 0 and ch.max() < 1 << 32:           # one int64 key per plane
+        keys, which = np.unique((c << 48) | (o << 32) | ch, return_inverse=True)
+        combos = [(k >> 48, (k >> 32) & 0xFFFF, k & 0xFFFFFFFF) for k in keys.tolist()]
+    else:
+        rows, which = np.unique(np.stack([c, o, ch], axis=1), axis=0, return_inverse=True)
+        combos = rows.tolist()
     spec[cq] = which.reshape(-1)
-    return spec, [CodecSpec(CODEC_NAMES[c], o, ch) for c, o, ch in combos.tolist()], pcount
+    return spec, [CodecSpec(CODEC_NAMES[a], b, d) for a, b, d in combos], pcount
 
 
 def restore_planes(b, pl: Plan, src: Sources, keep: list, mark=lambda stage: None,
