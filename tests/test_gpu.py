@@ -261,6 +261,55 @@ def test_emulated_entropy_estimates_match_the_host_formula(emu):
     assert got[5].tolist() == [0.0, 0.0]
 
 
+def test_plan_shapes_the_same_through_its_fast_and_general_keys():
+    """A plan has one template per chunk shape, numbered in order of first use; a batch
+    with a shape too large for the one-integer key (a length of 2**41 bytes) takes the
+    general path and must plan every chunk as it would be planned alone."""
+    from s4fs.codec.gpu import _common
+    from s4fs.codec.gpu._profiles import DEFAULT
+    names = ["bfloat16", "float32", "bfloat16", "uint8", "float32", "bfloat16"]
+    lens = [4096, 1000, 4096, 77, 1000, 2048]
+    dts = [lookup(n) for n in names]
+    lays = [_common.gpu_layout(d, DEFAULT) for d in dts]
+    for extra in ([], [1 << 41]):
+        ds, ls, ns = dts + [lookup("bfloat16")] * len(extra), lays + [lays[0]] * len(extra), \
+            lens + extra
+        pl = _common.Plan(ds, ls, ns, DEFAULT)
+        for i, (d, lay, n) in enumerate(zip(ds, ls, ns)):
+            one = _common.Plan([d], [lay], [n], DEFAULT)
+            rows = slice(int(pl.p0[i]), int(pl.p0[i] + pl.np[i]))
+            assert pl.raw[rows].tolist() == one.raw.tolist() and sum(one.raw) >= n
+            assert pl.role[rows].tolist() == one.role.tolist()
+            assert [pl.specs[k] if k >= 0 else None for k in pl.spec[rows]] == \
+                [one.specs[k] if k >= 0 else None for k in one.spec]
+            assert pl.variants[pl.var[i]] == one.variants[one.var[0]]
+        # the same shapes share their plan rows; first use decides the numbering
+        assert pl.var[0] == pl.var[2] and pl.n[0] == pl.n[2]
+        assert pl.variants[0] == _common.Plan([dts[0]], [lays[0]], [4096], DEFAULT).variants[0]
+
+
+def test_plane_specs_group_planes_by_configuration_on_both_key_paths():
+    """The decoder groups coded planes by (codec, option, chunk size) from their payload
+    tables: one configuration per distinct triple, each plane pointing at its own, also
+    when a value is out of the one-integer key's range (the general path)."""
+    from s4fs.codec.gpu import _decode
+    from s4fs.codec.gpu._common import CODEC_NAMES
+    ans, gd = P.NVCOMP_ANS, P.NVCOMP_GDEFLATE
+    cq = np.array([0, 2, 3, 5, 6])
+    cid = np.array([ans, 0, ans, gd, 0, gd, ans])
+    for big in (1 << 17, 1 << 33):
+        option = np.array([0, 0, 1, 1, 0])
+        chunk = np.array([65536, 65536, 65536, big, 65536])
+        spec, specs, count = _decode._plane_specs(7, cq, cid, option, chunk,
+                                                  np.array([3, 1, 4, 1, 5]))
+        assert spec.tolist()[1] == spec.tolist()[4] == -1
+        got = [(s.name, s.level, s.chunk) for s in (specs[k] for k in spec[cq])]
+        want = [(CODEC_NAMES[c], o, ch) for c, o, ch in
+                zip(cid[cq].tolist(), option.tolist(), chunk.tolist())]
+        assert got == want and len(specs) == len(set(want)) == 3
+        assert spec[0] == spec[6] and count.tolist() == [3, 0, 1, 4, 0, 1, 5]
+
+
 def test_row_launches_cover_every_row_once_at_its_width():
     """Kernels with one row per grid y are launched over rows of similar width: every
     row exactly once, in a launch at least as wide as it and at most twice as wide (a
