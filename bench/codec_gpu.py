@@ -230,21 +230,28 @@ def _ans_alone(items, profile, repeat):
     return t_enc, t_dec, int(np.sum(sizes)), int(np.sum(comp))
 
 
-def _cpu(items, sample_bytes):
-    """s4fs's CPU path on the first ``sample_bytes`` of a data set (all cores)."""
+def cpu_sample(items, sample_bytes):
+    """s4fs's CPU path (all cores) on a data set's first chunks, up to ``sample_bytes``:
+    ``(host bytes, blobs, seconds)``, one of each per chunk coded."""
     import torch
     from s4fs.codec import compress
     host, got = [], 0
-    for t, d in items:
+    for t, _ in items:
         if got >= sample_bytes:
             break
-        host.append((t.contiguous().view(torch.uint8).cpu().numpy().tobytes(), d))
-        got += len(host[-1][0])
+        host.append(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        got += len(host[-1])
+    dtypes = [d for _, d in items[: len(host)]]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        blobs = list(pool.map(lambda x: compress(x[0], x[1], device="cpu"), host))
-    dt = time.perf_counter() - t0
-    raw = sum(len(h) for h, _ in host)
+        blobs = list(pool.map(lambda x: compress(x[0], x[1], device="cpu"), zip(host, dtypes)))
+    return host, blobs, time.perf_counter() - t0
+
+
+def _cpu(items, sample_bytes):
+    """The CPU path's stored share and speed on a sample, and how many chunks it holds."""
+    host, blobs, dt = cpu_sample(items, sample_bytes)
+    raw = sum(len(h) for h in host)
     return sum(len(x) for x in blobs) / raw, raw / dt / 1e9, len(host)
 
 

@@ -68,30 +68,22 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import codec_gpu as B
-    import torch
-    from concurrent.futures import ThreadPoolExecutor
-    from s4fs.codec import compress, gpu
+    from s4fs.codec import gpu
     gpu.require()
     data, source, sizes = B.device_sets(args.sets, args.size, args.weights)
     what = f"the first {args.sample:g} MiB of chunks" if args.sample else "every chunk"
     print(f"# {source}; {what}, cut per tensor")
     for name, (dtype, flat) in data.items():
         every = B._chunks(flat, 4 << 20, sizes)
-        chunks, got = [], 0
-        for c in every:
-            if args.sample and got >= args.sample * MiB:
-                break
-            chunks.append(c)
-            got += c.numel() * c.element_size()
+        host, cblobs, _ = B.cpu_sample([(c, dtype) for c in every],
+                                       args.sample * MiB if args.sample else float("inf"))
+        chunks = every[: len(host)]
         # the GPU codes the whole set in one call, as bench/codec_gpu.py does; the sample's
         # blobs are taken from that call (and, to see whether a batch changes them, from a
         # call over the sample alone)
         whole = gpu.compress_many([(c, dtype) for c in every], out="host")
         gblobs = whole[: len(chunks)]
         alone = gpu.compress_many([(c, dtype) for c in chunks], out="host")
-        host = [c.contiguous().view(torch.uint8).cpu().numpy().tobytes() for c in chunks]
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            cblobs = list(pool.map(lambda b: compress(b, dtype, device="cpu"), host))
         raw = sum(len(h) for h in host)
         differ = [k for k, (x, y) in enumerate(zip(gblobs, alone)) if len(x) != len(y)]
         print(f"\n{name}: the whole set ({len(every)} chunks) in one GPU call stores "

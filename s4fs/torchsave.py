@@ -15,7 +15,7 @@ storage record (zip data descriptor and central directory) and the serialization
 * **CUDA storages**: coded on the device, straight from the tensors' memory, batched
   across tensors (``s4fs.codec.gpu.compress_many``); the CRC-32s and the file's
   XXH3-128 are computed on the device too (``s4fs.codec.gpu._wholefile``; the hash on
-  a thread and stream of its own while the storages are coded), so only coded bytes
+  a thread and stream of its own once the storages are coded), so only coded bytes
   cross to the host. The manifest is built here, with the same streams,
   names and dtypes the parser would give.
 

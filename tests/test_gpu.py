@@ -261,6 +261,21 @@ def test_emulated_entropy_estimates_match_the_host_formula(emu):
     assert got[5].tolist() == [0.0, 0.0]
 
 
+def test_device_inputs_are_told_from_host_ones_by_resolves_rule():
+    """The decoder sends a blob to the device path exactly when ``resolve`` would take it
+    as a device input: CUDA-array-interface objects yes; bytes, NumPy arrays and CPU
+    tensors no."""
+    import torch
+    from s4fs.codec.gpu import _common
+
+    class FakeDeviceArray:
+        __cuda_array_interface__ = property(lambda self: {})
+
+    blobs = [b"x", np.zeros(3, np.uint8), FakeDeviceArray(), torch.zeros(2), bytearray(2),
+             FakeDeviceArray(), memoryview(b"yz")]
+    assert _common.device_indices(blobs) == [2, 5]
+
+
 def test_plan_shapes_the_same_through_its_fast_and_general_keys():
     """A plan has one template per chunk shape, numbered in order of first use; a batch
     with a shape too large for the one-integer key (a length of 2**41 bytes) takes the

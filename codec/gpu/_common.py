@@ -138,6 +138,29 @@ def resolve(backend, datas: list, staging: Staging, keep: list) -> list:
     return out
 
 
+def device_indices(datas: list) -> list[int]:
+    """Which of ``datas`` :func:`resolve` takes as device inputs (CUDA tensors, CuPy
+    arrays, other ``__cuda_array_interface__`` objects), decided once per type but for
+    torch tensors (each says whether it is on the device): a decode batch is thousands of
+    blobs of one or two types."""
+    tensor_t, _ = _device_types()
+    kinds: dict = {}
+    out = []
+    for i, data in enumerate(datas):
+        kind = type(data)
+        k = kinds.get(kind)
+        if k is None:
+            mod = kind.__module__
+            k = kinds[kind] = (
+                "tensor" if tensor_t is not None and issubclass(kind, tensor_t) else
+                "device" if mod.startswith("cupy") or (not mod.startswith("torch") and
+                                                      hasattr(kind, "__cuda_array_interface__"))
+                else "host")
+        if k == "device" or (k == "tensor" and data.is_cuda):
+            out.append(i)
+    return out
+
+
 def finish(backend, items: list, staging: Staging, keep: list) -> list[Buffer]:
     """Place staged host inputs and re-align device inputs the kernels cannot read."""
     res = []

@@ -45,6 +45,7 @@ from ._common import (
     Plan,
     Segments,
     Staging,
+    device_indices,
     download_gather,
     download_ranges,
     finish,
@@ -125,7 +126,7 @@ class _Decode:
         reader refuses — goes blob by blob, which decodes those planes here on the host
         and says what is wrong with a bad blob."""
         b, keep, blobs = self.b, self.keep, self.blobs
-        on_dev = _on_device(blobs)
+        on_dev = device_indices(blobs)
         host_mv: list = [None] * len(blobs)
         if len(on_dev) < len(blobs):
             for i in sorted(set(range(len(blobs))) - set(on_dev)):
@@ -422,22 +423,6 @@ class _Decode:
         if out == "host":
             return [memoryview(v) for v in views]
         return [v.tobytes() for v in views]
-
-
-def _on_device(blobs: list) -> list[int]:
-    """Indices of the blobs in device memory (CuPy arrays, CUDA tensors), by type: a batch
-    is thousands of blobs of one or two types."""
-    kinds: dict = {}
-    out = []
-    for i, blob in enumerate(blobs):
-        t = type(blob)
-        k = kinds.get(t)
-        if k is None:
-            mod = t.__module__
-            k = kinds[t] = 1 if mod.startswith("cupy") else 2 if mod.startswith("torch") else 0
-        if k == 1 or (k == 2 and getattr(blob, "is_cuda", False)):
-            out.append(i)
-    return out
 
 
 def spec_for(cid: int, head: _payload.PayloadHeader) -> CodecSpec:
