@@ -23,31 +23,45 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def trained_state(gib: float, steps: int):
-    import torch
-    import torch.nn.functional as F
-    from delta_gpu import corpus, gpt
-    width = 1024
-    layers = max(1, round(gib * (1 << 30) / 10 / (12 * width * width)))
-    torch.manual_seed(0)
-    ctx, batch = 256, 16
-    data = torch.tensor(list(corpus()), dtype=torch.long, device="cuda")
-    model = gpt(ctx=ctx, width=width, layers=layers).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    for _ in range(steps):
-        ix = torch.randint(0, len(data) - ctx - 1, (batch,), generator=g).cuda()
-        x = torch.stack([data[i:i + ctx] for i in ix])
-        y = torch.stack([data[i + 1:i + ctx + 1] for i in ix])
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).float().view(-1, 256), y.view(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    sd = {"model": {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()},
-          "optimizer": opt.state_dict(), "step": steps}
-    torch.cuda.synchronize()
-    return sd, float(loss)
+class Trainer:
+    """A byte-level GPT trained on the GPU (real text), its state as mixed-precision
+    trainers save it: bf16 weights + fp32 AdamW moments."""
+
+    def __init__(self, gib: float) -> None:
+        import torch
+        from delta_gpu import corpus, gpt
+        width = 1024
+        layers = max(1, round(gib * (1 << 30) / 10 / (12 * width * width)))
+        torch.manual_seed(0)
+        self.ctx, self.batch, self.steps, self.loss = 256, 16, 0, float("nan")
+        self.data = torch.tensor(list(corpus()), dtype=torch.long, device="cuda")
+        self.model = gpt(ctx=self.ctx, width=width, layers=layers).cuda()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
+        self.g = torch.Generator(device="cpu").manual_seed(0)
+
+    def train(self, steps: int) -> None:
+        import torch
+        import torch.nn.functional as F
+        ctx, data = self.ctx, self.data
+        for _ in range(steps):
+            ix = torch.randint(0, len(data) - ctx - 1, (self.batch,), generator=self.g).cuda()
+            x = torch.stack([data[i:i + ctx] for i in ix])
+            y = torch.stack([data[i + 1:i + ctx + 1] for i in ix])
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(self.model(x).float().view(-1, 256), y.view(-1))
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        self.steps += steps
+        self.loss = float(loss) if steps else self.loss
+
+    def state(self) -> dict:
+        import torch
+        sd = {"model": {k: v.detach().to(torch.bfloat16)
+                        for k, v in self.model.state_dict().items()},
+              "optimizer": self.opt.state_dict(), "step": self.steps}
+        torch.cuda.synchronize()
+        return sd
 
 
 def timed(fn) -> float:
@@ -69,6 +83,11 @@ def main() -> None:
     ap.add_argument("--first-batches", default=None,
                     help="MiB of a device save's first GPU batches, comma-separated "
                          "('' for none: every batch 1 GiB); default: s4fs's")
+    ap.add_argument("--series", type=int, default=3,
+                    help="then this many checkpoints of a run going on (--between steps "
+                         "apart), saved with deltas on the previous one and without")
+    ap.add_argument("--between", type=int, default=10,
+                    help="training steps between the series' checkpoints")
     ap.add_argument("--timeline", action="store_true",
                     help="then one more s4fs.save, traced: its GPU batches, its pack writes "
                          "(how busy the disk was kept) and the main thread's profile")
@@ -80,7 +99,9 @@ def main() -> None:
     from s4fs.codec import gpu
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    sd, loss = trained_state(args.gib, args.steps)
+    trainer = Trainer(args.gib)
+    trainer.train(args.steps)
+    sd, loss = trainer.state(), trainer.loss
     size = nbytes(sd)
     work = tempfile.mkdtemp(prefix="s4fs-gpusave-", dir=args.work)
     local, store, dcpdir = (os.path.join(work, d) for d in ("local", "store", "dcp"))
@@ -95,17 +116,25 @@ def main() -> None:
     print(f"# state: GPT trained {args.steps} steps on the GPU (loss {loss:.3f}), bf16 weights + "
           f"fp32 AdamW, {size / 2**30:.2f} GiB on the device; medians of {args.repeat}; "
           f"every save timing includes os.sync()")
+    # the repeated saves of one state go to a store without deltas (each is a run's first
+    # checkpoint: nothing to code against; with deltas the second copy would cost
+    # nothing); the series below measures deltas on a run going on
+    from s4fs.api import filesystem
+    from s4fs.fs import FsConfig
+    filesystem(store, FsConfig(decoded_cache_bytes=0, delta=False))
+    if shm:
+        filesystem(os.path.join(shm, "store"), FsConfig(decoded_cache_bytes=0, delta=False))
     if args.pack_mib or args.uploads:      # the store's write pattern, for this run
         import dataclasses
-        from s4fs.api import filesystem
-        from s4fs.fs import FsConfig
+        from s4fs.api import close_all
         from s4fs.ingest import IngestConfig
         ing = IngestConfig()
         ing = dataclasses.replace(ing, pack_size=(args.pack_mib << 20) or ing.pack_size,
                                   max_uploads=args.uploads or ing.max_uploads)
+        close_all()
         for root in (store, os.path.join(shm, "store") if shm else None):
             if root:
-                filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing))
+                filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing, delta=False))
         print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
     if args.first_batches is not None:
         from s4fs import torchsave
@@ -182,11 +211,78 @@ def main() -> None:
     print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
           f"({100 * m.stored_bytes() / m.size:.1f} %); stored file == torch.save's file: {same}; "
           f"s4fs.load to cuda bit-exact: {exact}")
+    if args.series:
+        series(trainer, work, local, args.series, args.between)
     if args.timeline:
         traced_save(sd, os.path.join(store, "traced.pt"))
     shutil.rmtree(work, ignore_errors=True)
     if shm:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> None:
+    """Checkpoints of a run going on, ``between`` steps apart: torch.save, s4fs.save with
+    deltas on the previous checkpoint (the default), and s4fs.save without."""
+    import torch
+    import s4fs
+    from s4fs import torchsave
+    from s4fs.api import filesystem
+    from s4fs.fs import FsConfig
+    roots = {"delta": os.path.join(work, "series-delta"), "full": os.path.join(work, "series-full")}
+    for k, root in roots.items():
+        os.makedirs(root)
+        filesystem(root, FsConfig(decoded_cache_bytes=0, delta=(k == "delta")))
+    local = os.path.join(local, "series")        # torch.save's file names the archive
+    os.makedirs(local)                           # after itself: same names as the store's
+    t: dict[str, list[float]] = {}
+    pct: dict[str, list[float]] = {}
+    stages = {}
+    for r in range(n):
+        trainer.train(between if r else 0)
+        sd = trainer.state()
+        name = f"ckpt_{trainer.steps}.pt"
+        lp = os.path.join(local, name)
+        t.setdefault("torch.save (local disk)", []).append(
+            timed(lambda: (torch.save(sd, lp), os.sync())))
+        for k, root in roots.items():
+            p = os.path.join(root, name)
+            t.setdefault(f"s4fs.save, {k}", []).append(timed(lambda: (s4fs.save(sd, p), os.sync())))
+            if k == "delta":
+                stages = dict(torchsave.last_stages.get("save", {}))
+            fs, rel = s4fs.resolve(p)
+            m = fs.manifest(rel)
+            own = set(m.own_packs)
+            pct.setdefault(k, []).append(100 * sum(c.stored for s in m.streams for c in s.chunks
+                                                   if c.pack in own) / m.size)
+        os.remove(lp)
+        if r == n - 1:
+            same = s4fs.read_bytes(os.path.join(roots["delta"], name)) == _torch_bytes(sd, lp)
+            back = s4fs.load(os.path.join(roots["delta"], name), map_location="cuda")
+            exact = all(torch.equal(back["model"][k].view(torch.uint8), v.view(torch.uint8))
+                        for k, v in sd["model"].items())
+    print(f"\n# a run going on: {n} checkpoints {between} steps apart (loss {trainer.loss:.3f}); "
+          f"the first has no base; medians over the rest")
+    ref = statistics.median(t["torch.save (local disk)"][1:] or t["torch.save (local disk)"])
+    print("| what | median s | × torch.save+sync | new bytes stored, % of the file |")
+    print("|---|---:|---:|---:|")
+    for k, v in t.items():
+        med = statistics.median(v[1:] or v)
+        which = k.rsplit(", ", 1)[-1]
+        p = f"{statistics.median(pct[which][1:] or pct[which]):.1f}" if which in pct else ""
+        print(f"| {k} | {med:.3f} | {med / ref:.3f} | {p} |")
+    print("where the last delta save went (s): " +
+          ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
+    print(f"last checkpoint with deltas: stored file == torch.save's file: {same}; "
+          f"s4fs.load to cuda bit-exact: {exact}")
+
+
+def _torch_bytes(sd, path: str) -> bytes:
+    import torch
+    torch.save(sd, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    os.remove(path)
+    return data
 
 
 def traced_save(sd, path: str) -> None:
@@ -218,7 +314,7 @@ def traced_save(sd, path: str) -> None:
             return code(items, **kw)
         finally:
             ev.append(("code", a - t0, time.perf_counter() - t0,
-                       sum(t.numel() * t.element_size() for t, _ in items)))
+                       sum(it[0].numel() * it[0].element_size() for it in items)))
 
     LocalStore.put_parts, gpu.compress_many = traced_put, traced_code
     prof = cProfile.Profile()

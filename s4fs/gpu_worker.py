@@ -145,24 +145,38 @@ def _cpu_result(item, prep, cfg: IngestConfig):
 
 def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:
     from s4fs.codec import gpu
-    profile = gpu.PROFILES[cfg.gpu_profile]
+    return code_on_device(batch, prep, gpu.PROFILES[cfg.gpu_profile], cfg)
+
+
+def code_on_device(batch: list, prep: list, profile, cfg: IngestConfig, same=None) -> list:
+    """The delta rule on the GPU, for one batch: ``batch`` of ``(data, dtype, base ref)``
+    and ``prep`` as :func:`code_items` takes them (a ``"delta"`` base may be a device
+    array); per item ``(blob | None, base ref | None, checksum, raw length)``, blobs as
+    views of pinned host memory. One ``compress_many`` call codes every delta and every
+    chunk in full (delta candidates too: the smaller wins unless the delta is tiny).
+    ``same(i)``, when given, says whether item ``i`` has exactly its base's bytes; it is
+    asked only when the chunk's checksum (computed on the device) is its base's, and a
+    chunk that is the same is stored as its base (no blob). Without it, sameness is
+    settled before (``prep``'s ``("same",)``)."""
+    from s4fs.codec import gpu
     res: list = [None] * len(batch)
     deltas = [i for i, p in enumerate(prep) if p is not None and p[0] == "delta"]
     fulls = [i for i, p in enumerate(prep) if p is None]
     for i, p in enumerate(prep):
         if p is not None and p[0] == "same":
             res[i] = (None, batch[i][2], batch[i][2].checksum, len(batch[i][0]))
-    # one call: every delta, and every chunk in full (delta candidates too: the smaller
-    # wins unless the delta is tiny); a chunk's bytes are staged once for both codings
+    # a chunk's bytes are staged once for both codings
     blobs = gpu.compress_many([(batch[i][0], batch[i][1], prep[i][1]) for i in deltas] +
                               [(batch[i][0], batch[i][1]) for i in deltas + fulls],
                               profile=profile, out="host")
     full = dict(zip(deltas + fulls, blobs[len(deltas):]))
     for i, delta in zip(deltas, blobs):
-        n = len(batch[i][0])
+        n, base, sum_ = len(batch[i][0]), batch[i][2], _sum_of(full[i])
+        if same is not None and sum_ == base.checksum and same(i):
+            res[i] = (None, base, sum_, n)
+            continue
         keep = delta_is_tiny(len(delta), n) or keep_delta(len(delta), len(full[i]), cfg)
-        res[i] = (delta if keep else full[i], batch[i][2] if keep else None,
-                  _sum_of(full[i]), n)
+        res[i] = (delta if keep else full[i], base if keep else None, sum_, n)
     for i in fulls:
         res[i] = (full[i], None, _sum_of(full[i]), len(batch[i][0]))
     return res

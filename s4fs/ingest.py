@@ -97,6 +97,15 @@ def keep_delta(delta_len: int, full_len: int, cfg: IngestConfig) -> bool:
     return delta_len <= cfg.delta_min_gain * full_len
 
 
+def base_streams(base: Manifest | None) -> dict:
+    """The base version's tensor streams by (record name, dtype, length): a new
+    tensor's chunks are coded against those of the stream with its key."""
+    if base is None:
+        return {}
+    return {(s.name, s.dtype, s.length): s for s in base.streams
+            if s.kind == "tensor" and s.name is not None}
+
+
 def lower_priority(nice: int) -> None:
     """Give the calling thread (Linux: threads have their own nice value) a lower CPU
     priority; a no-op where that is not possible."""
@@ -226,7 +235,7 @@ class IngestSession:
         self._base = base
         self._base_info = {"path": base_path, "id": base.id} if base is not None else None
         self._source = source
-        self._base_streams = self._index_base(base)
+        self._base_streams = base_streams(base)
         self._closed = False
         self._stable = False
         self.started = time.time()
@@ -345,13 +354,6 @@ class IngestSession:
             self._tensor_seg = -1
 
     # --- delta bases -------------------------------------------------------------------
-
-    @staticmethod
-    def _index_base(base: Manifest | None) -> dict:
-        if base is None:
-            return {}
-        return {(s.name, s.dtype, s.length): s for s in base.streams
-                if s.kind == "tensor" and s.name is not None}
 
     def _match_base(self, seg) -> Stream | None:
         if not self._base_streams or seg.length is None:

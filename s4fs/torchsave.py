@@ -409,10 +409,11 @@ class _DeviceSave:
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
                            max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
-        st.mark("plan (pickle scan, streams)")
+        bases, base_info = self._bases()
+        st.mark("plan (pickle scan, streams, delta base)")
         hashing = None
         try:
-            self._code_device(jobs, host, packs)
+            self._code_device(jobs, host, packs, bases)
             # the file's hash, on a thread (and stream) of its own, starts once the GPU
             # batches are coded and runs beside the CPU storages and the last pack
             # writes. Started beside the coding, it held the first batch up by about its
@@ -422,7 +423,7 @@ class _DeviceSave:
                 gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
             for s, i in jobs:
                 if i in host:
-                    self._code_host(s, host[i], packs)
+                    self._code_host(s, host[i], packs, bases.get((s.name, s.dtype, len(host[i]))))
             self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
             st.mark("CPU storages (CPU codec)")
             packs.finish()
@@ -439,37 +440,50 @@ class _DeviceSave:
         names = {f"data/{k}": v for k, v in scan.names.items()}
         return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
                         kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
-                        extents=extents, names=names, own_packs=list(packs.keys), base=None)
+                        extents=extents, names=names, own_packs=list(packs.keys),
+                        base=base_info)
 
-    def _code_device(self, jobs, host: dict, packs) -> None:
+    def _bases(self) -> tuple[dict, dict | None]:
+        """The delta base's tensor streams by (name, dtype, length) and the manifest's
+        record of it; none when deltas are off or no stored file resembles this one
+        (``s4fs.delta.choose_base``, the rule of every other save)."""
+        if not self.fs.cfg.delta:
+            return {}, None
+        from s4fs.delta import choose_base
+        from s4fs.ingest import base_streams
+        chosen = choose_base(self.fs, self.job.rel, self.job._previous())
+        if chosen is None:
+            return {}, None
+        path, base = chosen
+        return base_streams(base), {"path": path, "id": base.id}
+
+    def _code_device(self, jobs, host: dict, packs, bases: dict) -> None:
         """The device storages in GPU batches: the first ones small (the disk starts
-        writing after a few ms of coding), then up to GPU_BATCH_BYTES. The CPU ones
-        (``host``) are left to the caller."""
+        writing after a few ms of coding), then up to GPU_BATCH_BYTES (half of it when
+        there is a delta base: the base chunks are decoded on the device beside the
+        batch). The CPU ones (``host``) are left to the caller.
+
+        Deltas follow the rule of every other save (``s4fs.ingest.code_chunk``): a chunk
+        whose base chunk (same record, dtype and length; chain not too deep) has its
+        exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
+        its full coding is kept. The base chunks come from the store, decoded on the
+        device (``s4fs.reader.decode_on_gpu``)."""
         import torch
-        from s4fs.codec import _container, gpu
-        from s4fs.manifest import ChunkRef
-        lay, stages = self.job.lay, self.job.stages
+        from s4fs.ingest import delta_candidate
+        lay = self.job.lay
         step = self.cfg.chunk_size
-        batch: list = []
+        batch: list = []                          # (stream, device view, base ref | None)
         held = 0                                  # raw bytes in the batch
         flushed = 0                               # batches coded so far
+        full_batch = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
 
         def flush():
             nonlocal held, flushed
             held = 0
-            if not batch:
-                return
-            stages.mark("batching")
-            blobs = gpu.compress_many([(t, s.dtype) for s, t in batch],
-                                      profile=self.job.profile, out="host")
-            stages.mark("GPU coding (blobs in pinned memory)")
-            for (s, t), blob in zip(batch, blobs):
-                pack, off = packs.add(blob)        # a view of pinned memory, joined once
-                s.chunks.append(ChunkRef(pack, off, len(blob), t.numel(),
-                                         _container.unpack(blob).checksum))
-            stages.mark("packing (and waiting for pack writes)")
-            batch.clear()
-            flushed += 1
+            if batch:
+                self._code_batch(batch, packs)
+                batch.clear()
+                flushed += 1
 
         for s, i in jobs:
             if i in host:
@@ -477,26 +491,72 @@ class _DeviceSave:
             stg = lay.storages[i]
             n = stg.nbytes()
             whole = torch.empty(0, dtype=torch.uint8, device=stg.device).set_(stg, 0, (n,))
-            for o in range(0, n, step):
-                batch.append((s, whole[o: o + step]))
-                held += batch[-1][1].numel()
+            base = bases.get((s.name, s.dtype, n))
+            for k, o in enumerate(range(0, n, step)):
+                piece = whole[o: o + step]
+                ref = base.chunks[k] if base is not None and k < len(base.chunks) else None
+                batch.append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
+                              else None))
+                held += piece.numel()
                 if held >= (GPU_FIRST_BATCHES[flushed] if flushed < len(GPU_FIRST_BATCHES)
-                            else GPU_BATCH_BYTES):
+                            else full_batch):
                     flush()
         flush()
 
-    def _code_host(self, stream, mv, packs) -> None:
-        """Host bytes into ``stream``'s chunks, coded whole on the CPU (ingest's rule)."""
+    def _code_batch(self, batch: list, packs) -> None:
+        """One GPU batch: its delta bases decoded on the device, then every chunk coded
+        in one call (``s4fs.gpu_worker.code_on_device``); blobs to the pack writer."""
+        import torch
+        from s4fs.gpu_worker import code_on_device
+        from s4fs.manifest import ChunkRef
+        stages = self.job.stages
+        stages.mark("batching")
+        refs = [ref for _, _, ref in batch if ref is not None]
+        prep: list = [None] * len(batch)
+        if refs:
+            from s4fs.reader import decode_on_gpu
+            decoded = decode_on_gpu(self.fs.source, refs)
+            for k, (_, _, ref) in enumerate(batch):
+                if ref is not None:
+                    prep[k] = ("delta", decoded[ref.key()])
+            stages.mark("delta bases (read, decoded on the device)")
+
+        def same(k: int) -> bool:
+            t = batch[k][1]
+            return torch.equal(t, torch.as_tensor(prep[k][1], device=t.device))
+
+        results = code_on_device([(t, s.dtype, ref) for s, t, ref in batch], prep,
+                                 self.job.profile, self.cfg, same)
+        stages.mark("GPU coding (blobs in pinned memory)")
+        for (s, _, _), (blob, base, sum_, raw) in zip(batch, results):
+            if blob is None:
+                s.chunks.append(base)              # the very same chunk as the base
+                continue
+            pack, off = packs.add(blob)            # a view of pinned memory, joined once
+            s.chunks.append(ChunkRef(pack, off, len(blob), raw, sum_,
+                                     base.depth + 1 if base is not None else 0, base))
+        stages.mark("packing (and waiting for pack writes)")
+
+    def _code_host(self, stream, mv, packs, base=None) -> None:
+        """Host bytes into ``stream``'s chunks, coded on the CPU by ingest's rule
+        (``code_chunk``: deltas against ``base``'s chunks where they pay)."""
         from s4fs import codec
-        from s4fs.ingest import code_chunk
+        from s4fs.ingest import DELTA, SAME, code_chunk
         from s4fs.manifest import ChunkRef
         step = self.cfg.chunk_size
-        for o in range(0, len(mv), step):
+        for k, o in enumerate(range(0, len(mv), step)):
             piece = mv[o: o + step]
-            blob, _ = code_chunk(piece, stream.dtype, 0, None, None, self.cfg, device="cpu")
+            ref = base.chunks[k] if base is not None and k < len(base.chunks) else None
+            sum_ = codec.checksum(piece)
+            blob, kind = code_chunk(piece, stream.dtype, sum_, ref,
+                                    lambda: self.fs.source.get(ref), self.cfg, device="cpu")
+            if kind == SAME:
+                stream.chunks.append(ref)
+                continue
             pack, off = packs.add(blob)
-            stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece),
-                                          codec.checksum(piece)))
+            stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece), sum_,
+                                          ref.depth + 1 if kind == DELTA else 0,
+                                          ref if kind == DELTA else None))
 
 
 def _gpu_release() -> None:

@@ -142,6 +142,98 @@ def test_load_to_cuda_of_a_cpu_saved_delta_chain(tmp_path):
     assert back["w"].is_cuda and torch.equal(back["w"].cpu(), w)
 
 
+def _stream(m, name):
+    return next(s for s in m.streams if s.name == name)
+
+
+def test_consecutive_cuda_saves_are_deltas_exact_and_unchanged_tensors_cost_nothing(tmp_path):
+    """ckpt_2 of a CUDA state is coded against ckpt_1 (the rule of every save): a tensor
+    that did not change is stored as the base's own chunks, a slightly trained one as a
+    small delta, adversarial bits exactly; the file is torch.save's, and it still loads
+    once its base is deleted and the store collected."""
+    import s4fs
+    import s4fs.api
+    from s4fs import gc
+    store = _store(tmp_path)
+    torch.manual_seed(5)
+    sd = {"frozen": torch.randn(3 << 20, device="cuda").to(torch.bfloat16),
+          "w": torch.randn(3 << 20, device="cuda"),
+          "adv": {str(dt): _adversarial(dt, n=1 << 16) for dt in
+                  (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8)},
+          "cpu_big": torch.randn(1 << 20), "step": 1}
+    s4fs.save(sd, str(store / "ckpt_1.pt"))
+    with torch.no_grad():
+        sd["w"][: 1 << 16].add_(1e-3)                 # one step touches a little of w
+        for t in sd["adv"].values():
+            t.view(torch.uint8)[::97] ^= 0x5A            # and flips adversarial bits
+        sd["cpu_big"][:1000] += 1
+    sd["step"] = 2
+    s4fs.save(sd, str(store / "ckpt_2.pt"))
+    ref = tmp_path / "ckpt_2.pt"
+    torch.save(sd, str(ref))
+    want = ref.read_bytes()
+    assert s4fs.read_bytes(str(store / "ckpt_2.pt")) == want
+
+    fs, _ = s4fs.resolve(str(store / "ckpt_2.pt"))
+    m1, m2 = fs.manifest("ckpt_1.pt"), fs.manifest("ckpt_2.pt")
+    assert m2.base is not None and m2.base["id"] == m1.id
+    key = {n: k for k, n in m2.names.items()}          # tensor name -> record
+    f1, f2 = _stream(m1, key["frozen"]), _stream(m2, key["frozen"])
+    assert [(c.pack, c.offset) for c in f2.chunks] == [(c.pack, c.offset) for c in f1.chunks]
+    w2 = _stream(m2, key["w"])
+    assert all(c.base is not None and c.depth == 1 for c in w2.chunks)
+    assert sum(c.stored for c in w2.chunks) < 0.3 * sum(c.stored for c in _stream(m1, key["w"]).chunks)
+    own = sum(c.stored for s in m2.streams for c in s.chunks if c.pack in set(m2.own_packs))
+    assert own < 0.5 * m1.stored_bytes()
+
+    back = s4fs.load(str(store / "ckpt_2.pt"), map_location="cuda")
+    for name, t in sd["adv"].items():
+        assert torch.equal(back["adv"][name].view(torch.uint8), t.view(torch.uint8)), name
+    assert torch.equal(back["w"], sd["w"]) and torch.equal(back["frozen"], sd["frozen"])
+    assert torch.equal(back["cpu_big"].cpu(), sd["cpu_big"])
+
+    fs.unlink("ckpt_1.pt")
+    gc.collect(fs.store, grace=0)
+    s4fs.api.close_all()                               # no cached packs: the store's
+    assert s4fs.read_bytes(str(store / "ckpt_2.pt")) == want
+    assert torch.equal(s4fs.load(str(store / "ckpt_2.pt"), map_location="cuda")["w"], sd["w"])
+
+
+def test_delta_chains_of_cuda_saves_stay_bounded_and_every_version_exact(tmp_path):
+    import s4fs
+    store = _store(tmp_path)
+    torch.manual_seed(6)
+    w = torch.randn(2 << 20, device="cuda")
+    saved = []
+    for step in range(7):
+        with torch.no_grad():
+            w[step * 1000: step * 1000 + 500] += 1e-2
+        s4fs.save({"w": w, "step": step}, str(store / f"ckpt_{step}.pt"))
+        saved.append(w.clone())
+    fs, _ = s4fs.resolve(str(store / "ckpt_0.pt"))
+    limit = fs.cfg.ingest.max_delta_depth
+    depths = [max(c.depth for s in fs.manifest(f"ckpt_{k}.pt").streams for c in s.chunks)
+              for k in range(7)]
+    assert max(depths) <= limit and max(depths) >= 2
+    for k in range(7):
+        assert torch.equal(s4fs.load(str(store / f"ckpt_{k}.pt"), map_location="cuda")["w"], saved[k])
+
+
+def test_cuda_saves_without_deltas_when_the_store_says_so(tmp_path):
+    import s4fs
+    from s4fs.api import filesystem
+    from s4fs.fs import FsConfig
+    store = _store(tmp_path)
+    filesystem(str(store), FsConfig(delta=False))
+    w = torch.randn(1 << 20, device="cuda")
+    for step in range(2):
+        s4fs.save({"w": w}, str(store / f"ckpt_{step}.pt"))
+    fs, _ = s4fs.resolve(str(store / "ckpt_1.pt"))
+    m = fs.manifest("ckpt_1.pt")
+    assert m.base is None and all(c.base is None for s in m.streams for c in s.chunks)
+    assert torch.equal(s4fs.load(str(store / "ckpt_1.pt"), map_location="cuda")["w"], w)
+
+
 def test_async_save_snapshots_cuda_state_then_training_may_change_it(tmp_path):
     import s4fs
     store = _store(tmp_path)
