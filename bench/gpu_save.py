@@ -53,7 +53,7 @@ class Trainer:
             loss.backward()
             self.opt.step()
         self.steps += steps
-        self.loss = float(loss) if steps else self.loss
+        self.loss = float(loss.detach()) if steps else self.loss
 
     def state(self) -> dict:
         import torch

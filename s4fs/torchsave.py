@@ -467,24 +467,36 @@ class _DeviceSave:
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
-        device (``s4fs.reader.decode_on_gpu``)."""
+        device (``s4fs.reader.decode_on_gpu``) on a thread of their own, one batch
+        ahead: while a batch is coded and its packs written, the next one's bases are
+        read and decoded."""
+        batches = self._batches(jobs, host, bases)
+        if not any(ref is not None for b in batches for _, _, ref in b):
+            for batch in batches:
+                self._code_batch(batch, [None] * len(batch), packs)
+            return
+        ahead = _bases_ahead.get(_one_thread("s4fs-save-bases"))
+        nxt = ahead.submit(self._decode_bases, batches[0])
+        try:
+            for k, batch in enumerate(batches):
+                self.job.stages.mark("batching")
+                prep = nxt.result()
+                self.job.stages.mark("delta bases (read, decoded on the device): the wait")
+                if k + 1 < len(batches):
+                    nxt = ahead.submit(self._decode_bases, batches[k + 1])
+                self._code_batch(batch, prep, packs)
+        finally:
+            cf.wait([nxt])          # it reads the store and the device: done before we go
+
+    def _batches(self, jobs, host: dict, bases: dict) -> list[list]:
+        """The device storages' chunks, ``(stream, device view, base ref | None)``, in
+        GPU batches of growing size (GPU_FIRST_BATCHES, then the full size)."""
         import torch
         from s4fs.ingest import delta_candidate
-        lay = self.job.lay
-        step = self.cfg.chunk_size
-        batch: list = []                          # (stream, device view, base ref | None)
-        held = 0                                  # raw bytes in the batch
-        flushed = 0                               # batches coded so far
-        full_batch = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
-
-        def flush():
-            nonlocal held, flushed
-            held = 0
-            if batch:
-                self._code_batch(batch, packs)
-                batch.clear()
-                flushed += 1
-
+        lay, step = self.job.lay, self.cfg.chunk_size
+        full = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
+        out: list[list] = [[]]
+        held = 0                                  # raw bytes in the last batch
         for s, i in jobs:
             if i in host:
                 continue
@@ -495,31 +507,35 @@ class _DeviceSave:
             for k, o in enumerate(range(0, n, step)):
                 piece = whole[o: o + step]
                 ref = base.chunks[k] if base is not None and k < len(base.chunks) else None
-                batch.append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
-                              else None))
+                out[-1].append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
+                                else None))
                 held += piece.numel()
-                if held >= (GPU_FIRST_BATCHES[flushed] if flushed < len(GPU_FIRST_BATCHES)
-                            else full_batch):
-                    flush()
-        flush()
+                limit = (GPU_FIRST_BATCHES[len(out) - 1] if len(out) <= len(GPU_FIRST_BATCHES)
+                         else full)
+                if held >= limit:
+                    out.append([])
+                    held = 0
+        return [b for b in out if b]
 
-    def _code_batch(self, batch: list, packs) -> None:
-        """One GPU batch: its delta bases decoded on the device, then every chunk coded
-        in one call (``s4fs.gpu_worker.code_on_device``); blobs to the pack writer."""
+    def _decode_bases(self, batch: list) -> list:
+        """Per chunk of ``batch``: None, or ``("delta", its base chunk's bytes on the
+        device)`` (``s4fs.gpu_worker.code_on_device``'s ``prep``)."""
+        refs = [ref for _, _, ref in batch if ref is not None]
+        if not refs:
+            return [None] * len(batch)
+        from s4fs.reader import decode_on_gpu
+        decoded = decode_on_gpu(self.fs.source, refs)   # complete when it returns
+        return [("delta", decoded[ref.key()]) if ref is not None else None
+                for _, _, ref in batch]
+
+    def _code_batch(self, batch: list, prep: list, packs) -> None:
+        """One GPU batch, every chunk coded in one call by the delta rule
+        (``s4fs.gpu_worker.code_on_device``); blobs to the pack writer."""
         import torch
         from s4fs.gpu_worker import code_on_device
         from s4fs.manifest import ChunkRef
         stages = self.job.stages
         stages.mark("batching")
-        refs = [ref for _, _, ref in batch if ref is not None]
-        prep: list = [None] * len(batch)
-        if refs:
-            from s4fs.reader import decode_on_gpu
-            decoded = decode_on_gpu(self.fs.source, refs)
-            for k, (_, _, ref) in enumerate(batch):
-                if ref is not None:
-                    prep[k] = ("delta", decoded[ref.key()])
-            stages.mark("delta bases (read, decoded on the device)")
 
         def same(k: int) -> bool:
             t = batch[k][1]
@@ -569,6 +585,8 @@ def _gpu_release() -> None:
 _background = ProcessWide()         # the thread async saves run on, one after another
 _hashing = ProcessWide()            # the thread that hashes device saves' files after
                                     # their coding (one codec backend and stream, kept)
+_bases_ahead = ProcessWide()        # the thread that decodes a device save's delta bases
+                                    # one batch ahead (its codec backend kept too)
 
 
 def _one_thread(name: str):
