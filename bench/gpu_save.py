@@ -222,7 +222,8 @@ def main() -> None:
 
 def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> None:
     """Checkpoints of a run going on, ``between`` steps apart: torch.save, s4fs.save with
-    deltas on the previous checkpoint (the default), and s4fs.save without."""
+    deltas on the previous checkpoint (the default), and s4fs.save without; each
+    checkpoint loaded back onto the GPU."""
     import torch
     import s4fs
     from s4fs import torchsave
@@ -244,11 +245,15 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> Non
         lp = os.path.join(local, name)
         t.setdefault("torch.save (local disk)", []).append(
             timed(lambda: (torch.save(sd, lp), os.sync())))
+        t.setdefault("torch.load + .cuda() (local disk)", []).append(
+            timed(lambda: (_to_cuda(torch.load(lp, map_location="cpu")), torch.cuda.synchronize())))
         for k, root in roots.items():
             p = os.path.join(root, name)
             t.setdefault(f"s4fs.save, {k}", []).append(timed(lambda: (s4fs.save(sd, p), os.sync())))
             if k == "delta":
                 stages = dict(torchsave.last_stages.get("save", {}))
+            t.setdefault(f"s4fs.load(map_location='cuda'), {k}", []).append(
+                timed(lambda: (s4fs.load(p, map_location="cuda"), torch.cuda.synchronize())))
             fs, rel = s4fs.resolve(p)
             m = fs.manifest(rel)
             own = set(m.own_packs)
@@ -262,14 +267,17 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> Non
                         for k, v in sd["model"].items())
     print(f"\n# a run going on: {n} checkpoints {between} steps apart (loss {trainer.loss:.3f}); "
           f"the first has no base; medians over the rest")
-    ref = statistics.median(t["torch.save (local disk)"][1:] or t["torch.save (local disk)"])
-    print("| what | median s | × torch.save+sync | new bytes stored, % of the file |")
-    print("|---|---:|---:|---:|")
-    for k, v in t.items():
-        med = statistics.median(v[1:] or v)
+    def med(k):
+        return statistics.median(t[k][1:] or t[k])
+    print("| what | median s | × torch.save+sync | × torch.load+.cuda() | new bytes stored, % of the file |")
+    print("|---|---:|---:|---:|---:|")
+    for k in t:
         which = k.rsplit(", ", 1)[-1]
-        p = f"{statistics.median(pct[which][1:] or pct[which]):.1f}" if which in pct else ""
-        print(f"| {k} | {med:.3f} | {med / ref:.3f} | {p} |")
+        saving = "save" in k
+        p = f"{statistics.median(pct[which][1:] or pct[which]):.1f}" if saving and which in pct else ""
+        ratio = med(k) / med("torch.save (local disk)" if saving else "torch.load + .cuda() (local disk)")
+        print(f"| {k} | {med(k):.3f} | {f'{ratio:.3f}' if saving else ''} | "
+              f"{'' if saving else f'{ratio:.3f}'} | {p} |")
     print("where the last delta save went (s): " +
           ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
     print(f"last checkpoint with deltas: stored file == torch.save's file: {same}; "

@@ -467,26 +467,16 @@ class _DeviceSave:
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
-        device (``s4fs.reader.decode_on_gpu``) on a thread of their own, one batch
-        ahead: while a batch is coded and its packs written, the next one's bases are
-        read and decoded."""
-        batches = self._batches(jobs, host, bases)
-        if not any(ref is not None for b in batches for _, _, ref in b):
-            for batch in batches:
-                self._code_batch(batch, [None] * len(batch), packs)
-            return
-        ahead = _bases_ahead.get(_one_thread("s4fs-save-bases"))
-        nxt = ahead.submit(self._decode_bases, batches[0])
-        try:
-            for k, batch in enumerate(batches):
-                self.job.stages.mark("batching")
-                prep = nxt.result()
-                self.job.stages.mark("delta bases (read, decoded on the device): the wait")
-                if k + 1 < len(batches):
-                    nxt = ahead.submit(self._decode_bases, batches[k + 1])
-                self._code_batch(batch, prep, packs)
-        finally:
-            cf.wait([nxt])          # it reads the store and the device: done before we go
+        device (``s4fs.reader.decode_on_gpu``) before their batch is coded, while the
+        packs of the batches before it are being written. (Decoded one batch ahead on a
+        thread of their own, beside the coding, they made the save slower on the H200:
+        1.59 s instead of 1.13 for a 1.77 GiB GPT + AdamW, the coding and the pack
+        writes contending with the decoding; docs/BENCHMARKS.md.)"""
+        for batch in self._batches(jobs, host, bases):
+            self.job.stages.mark("batching")
+            prep = self._decode_bases(batch)
+            self.job.stages.mark("delta bases (read, decoded on the device)")
+            self._code_batch(batch, prep, packs)
 
     def _batches(self, jobs, host: dict, bases: dict) -> list[list]:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
@@ -585,8 +575,6 @@ def _gpu_release() -> None:
 _background = ProcessWide()         # the thread async saves run on, one after another
 _hashing = ProcessWide()            # the thread that hashes device saves' files after
                                     # their coding (one codec backend and stream, kept)
-_bases_ahead = ProcessWide()        # the thread that decodes a device save's delta bases
-                                    # one batch ahead (its codec backend kept too)
 
 
 def _one_thread(name: str):
