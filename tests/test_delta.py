@@ -288,3 +288,46 @@ def test_gpu_worker_failure_codes_on_the_cpu(tmp_path, monkeypatch, caplog):
     assert fs.manifest("run/ckpt_1.pt").stored_bytes() < 0.6 * \
         fs.manifest("run/ckpt_0.pt").stored_bytes()
     fs.close()
+
+
+def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
+    """``gpu_worker.code_on_device`` (the device save's rule, and the mount GPU
+    worker's): a chunk equal to its base is the base's own chunk, asked of ``same`` only
+    when its checksum is the base's; a small change is a delta, a big one full; every
+    kept blob decodes (against its base) to the chunk's exact bytes."""
+    import numpy as np
+    from s4fs import codec
+    from s4fs.codec import gpu
+    from s4fs.gpu_worker import code_on_device
+    from s4fs.ingest import IngestConfig
+    from s4fs.manifest import ChunkRef
+    emulated_gpu(monkeypatch)
+    rng = np.random.default_rng(4)
+    n = 1 << 16
+    base = rng.standard_normal(n // 4).astype(np.float32).tobytes()
+    touched = bytearray(base)
+    touched[100:108] = bytes(8)
+    other = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+    ref = ChunkRef("p", 0, 10, n, codec.checksum(base), 0, None)
+    batch = [(base, "float32", ref), (base, "float32", ref), (bytes(touched), "float32", ref),
+             (other, "float32", ref), (other, "float32", None)]
+    prep = [("delta", base)] * 4 + [None]
+    asked = []
+
+    def same(i):
+        asked.append(i)
+        return i == 0                 # item 1: "not the same" though its checksum is
+
+    out = code_on_device(batch, prep, gpu.PROFILES["portable"], IngestConfig(), same)
+    assert asked == [0, 1]
+    assert out[0] == (None, ref, ref.checksum, n)
+    blob1, base1, _, _ = out[1]
+    assert base1 is ref and len(blob1) < 0.01 * n        # the zero XOR: a tiny delta
+    blob2, base2, sum2, _ = out[2]
+    assert base2 is ref and sum2 == codec.checksum(bytes(touched)) and len(blob2) < 0.25 * n
+    for blob, want in ((blob1, base), (blob2, bytes(touched))):
+        assert codec.decompress(bytes(blob), base=base) == want
+    for k in (3, 4):
+        blob, b, sum_, raw = out[k]
+        assert b is None and raw == n and sum_ == codec.checksum(other)
+        assert codec.decompress(bytes(blob)) == other
