@@ -472,11 +472,15 @@ class _DeviceSave:
         thread of their own, beside the coding, they made the save slower on the H200:
         1.59 s instead of 1.13 for a 1.77 GiB GPT + AdamW, the coding and the pack
         writes contending with the decoding; docs/BENCHMARKS.md.)"""
-        for batch in self._batches(jobs, host, bases):
-            self.job.stages.mark("batching")
-            prep = self._decode_bases(batch)
-            self.job.stages.mark("delta bases (read, decoded on the device)")
-            self._code_batch(batch, prep, packs)
+        import torch
+        # the codec, and the base decoding, work on the calling thread's current device:
+        # the storages' (an async save's thread, a rank's other GPU)
+        with torch.cuda.device(self.device):
+            for batch in self._batches(jobs, host, bases):
+                self.job.stages.mark("batching")
+                prep = self._decode_bases(batch)
+                self.job.stages.mark("delta bases (read, decoded on the device)")
+                self._code_batch(batch, prep, packs)
 
     def _batches(self, jobs, host: dict, bases: dict) -> list[list]:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
