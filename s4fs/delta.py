@@ -94,4 +94,56 @@ def choose_base(fs, path: str, previous: Manifest | None,
     if not found:
         return None
     ref = template or found[0][1]
-    return max(found, key=lambda pm: (overlap(ref, pm[1]), pm[1].mtime))
+    for p, m in sorted(found, key=lambda pm: (overlap(ref, pm[1]), pm[1].mtime), reverse=True):
+        why = missing_packs(fs, m)
+        if why is None:
+            return p, m
+        from s4fs.ingest import note_unreadable_base
+        note_unreadable_base(f"file {p}", why, key=m.id)
+    return None
+
+
+PACKS_SEEN_TTL = 600.0      # seconds a pack seen whole in the store is not looked at again
+_seen: dict = {}            # (store url, pack key) -> (size, monotonic time seen)
+
+
+def missing_packs(fs, m: Manifest) -> str | None:
+    """None when every pack ``m``'s chunks (their delta chains too) need is in the store
+    and long enough; else what is wrong. A new file coded against ``m`` would need those
+    packs: its chunks may be ``m``'s own, or deltas on them, and the base's bytes may come
+    from a local decoded copy that outlived its packs (deleted by hand or by a lifecycle
+    rule). One HEAD per pack, remembered for PACKS_SEEN_TTL."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from s4fs.errors import NotFound, S4Error
+    need: dict[str, int] = {}
+    for s in m.streams:
+        for c in s.chunks:
+            r = c
+            while r is not None:
+                need[r.pack] = max(need.get(r.pack, 0), r.offset + r.stored)
+                r = r.base
+    url, now = fs.store.url, time.monotonic()
+    todo = [k for k in need if not ((url, k) in _seen and now - _seen[url, k][1] < PACKS_SEEN_TTL
+                                     and _seen[url, k][0] >= need[k])]
+
+    def probe(key):
+        try:
+            return key, fs.store.head(key).size, None
+        except NotFound:
+            return key, -1, None
+        except (S4Error, OSError) as exc:
+            return key, -1, exc
+
+    if todo:
+        with ThreadPoolExecutor(min(16, len(todo)), thread_name_prefix="s4fs-base-packs") as ex:
+            for key, size, exc in ex.map(probe, todo):
+                if exc is not None:
+                    return f"its pack {key} could not be looked at: {type(exc).__name__}: {exc}"
+                if size < need[key]:
+                    return (f"its pack {key} is missing from the store" if size < 0 else
+                            f"its pack {key} is shorter ({size} bytes) than its chunks need")
+                if len(_seen) > 65536:
+                    _seen.clear()
+                _seen[url, key] = (size, now)
+    return None

@@ -64,8 +64,8 @@ def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs import workers
     from s4fs.gpu_worker import code_items, delta_prep
-    from s4fs.ingest import DELTA, FULL, SAME
-    with workers.job_files(job) as (fd, base_fd):
+    from s4fs.ingest import DELTA, FULL, SAME, collecting_notes
+    with workers.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
         datas = [workers.read_item(fd, it) for it in job.items]
         prep = [delta_prep(data, it.base, job.cfg,
@@ -92,7 +92,7 @@ def code_batch(job: Job) -> JobResult:
         log.info("coded %d chunks (%.1f MiB) in %.0f ms: read %.0f, code %.0f, put %.0f",
                  len(datas), sum(map(len, datas)) / 2**20, 1e3 * (t3 - t0),
                  1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
-        return workers.JobResult(tuple(results), pos)
+        return workers.JobResult(tuple(results), pos, tuple(notes))
 
 
 def decode_batch(job: DecodeJob) -> int:

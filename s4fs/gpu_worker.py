@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from s4fs import codec
 from s4fs.codec import _container, _device
 from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, base_bytes, code_chunk,
-                         delta_candidate, delta_is_tiny, keep_delta)
+                         delta_candidate, delta_is_tiny, keep_delta, readable_base)
 from s4fs.manifest import ChunkRef
 
 log = logging.getLogger("s4fs.ingest")
@@ -127,7 +127,9 @@ def delta_prep(data, base: ChunkRef | None, cfg: IngestConfig, base_bytes):
     (No checksum of ``data`` here: the device computes every coded chunk's.)"""
     if not delta_candidate(base, len(data), cfg):
         return None
-    raw = base_bytes()
+    raw = readable_base(base, base_bytes)       # None: unreadable, coded whole
+    if raw is None:
+        return None
     if raw == data:
         return ("same",)
     return ("delta", raw)

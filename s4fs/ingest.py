@@ -14,8 +14,11 @@ writes it (the commit). Nothing the session wrote is visible before that.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
+import threading
 import time
 import uuid
 from collections import deque
@@ -30,6 +33,8 @@ from s4fs.codec import _device
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
+
+log = logging.getLogger("s4fs.ingest")
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     device = cfg.device if device is None else device
     if not delta_candidate(base, len(data), cfg):
         return codec.compress(data, dtype, device=device), FULL
-    base_raw = base_bytes()
+    base_raw = readable_base(base, base_bytes)
+    if base_raw is None:
+        return codec.compress(data, dtype, device=device), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
     delta = codec.compress(data, dtype, base=base_raw, device=device)
@@ -81,6 +88,53 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     if keep_delta(len(delta), len(full), cfg):
         return delta, DELTA
     return full, FULL
+
+
+_unreadable: set = set()          # delta bases already warned about
+_notes = threading.local()        # a worker's notes for its parent (collecting_notes)
+
+
+def readable_base(base: ChunkRef, base_bytes) -> bytes | None:
+    """``base_bytes()``, or None when the base chunk cannot be had: its pack missing or
+    damaged, its planes needing a GPU this process lacks, the store failing. The new
+    chunk is then coded in full. A damaged old checkpoint must not stop the next one from
+    being saved; the old one still fails its own reads (never wrong bytes)."""
+    from s4fs.errors import S4Error
+    try:
+        return base_bytes()
+    except (S4Error, OSError) as exc:
+        note_unreadable_base(f"pack {base.pack}", f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def note_unreadable_base(what: str, why: str, key: str | None = None) -> None:
+    """Warn, once per ``key`` (default: ``what``), that a delta base could not be read;
+    inside :func:`collecting_notes` (a worker process), keep the note for the parent."""
+    notes = getattr(_notes, "list", None)
+    if notes is not None:
+        notes.append((what, why))
+        return
+    key = what if key is None else key
+    if key in _unreadable:
+        return
+    if len(_unreadable) > 4096:
+        _unreadable.clear()
+    _unreadable.add(key)
+    log.warning(
+        "a delta base could not be read (%s: %s); the new file's chunks that would be "
+        "coded against it are stored in full instead. The older checkpoint it belongs to "
+        "may be damaged: run `s4fs verify` on its folder", what, why)
+
+
+@contextlib.contextmanager
+def collecting_notes():
+    """The notes :func:`note_unreadable_base` takes on this thread meanwhile, as a list
+    of ``(what, why)`` (a worker process returns them with its result)."""
+    _notes.list = []
+    try:
+        yield _notes.list
+    finally:
+        _notes.list = None
 
 
 def delta_candidate(base: ChunkRef | None, raw: int, cfg: IngestConfig) -> bool:
@@ -651,6 +705,8 @@ class _ProcessCoding:
             b.result = self.pool.result(b.future, repr(self.s.label or self.spool))
             if b.result.stored:
                 self.packs.append(b.key)
+            for what, why in b.result.notes:
+                note_unreadable_base(what, why)
         r = b.result.items[i]
         if r.kind == SAME:
             ref = base

@@ -349,6 +349,7 @@ class _DeviceSave:
         self.job = job
         self.fs = job.fs
         self.cfg = job.fs.cfg.ingest
+        self.base_path = self.base_id = None    # the delta base's, once chosen
 
     def manifest(self):
         import torch
@@ -454,8 +455,9 @@ class _DeviceSave:
         chosen = choose_base(self.fs, self.job.rel, self.job._previous())
         if chosen is None:
             return {}, None
-        path, base = chosen
-        return base_streams(base), {"path": path, "id": base.id}
+        self.base_path, base = chosen
+        self.base_id = base.id
+        return base_streams(base), {"path": self.base_path, "id": base.id}
 
     def _code_device(self, jobs, host: dict, packs, bases: dict) -> None:
         """The device storages in GPU batches: the first ones small (the disk starts
@@ -517,8 +519,16 @@ class _DeviceSave:
         refs = [ref for _, _, ref in batch if ref is not None]
         if not refs:
             return [None] * len(batch)
+        from s4fs.ingest import note_unreadable_base
         from s4fs.reader import decode_on_gpu
-        decoded = decode_on_gpu(self.fs.source, refs)   # complete when it returns
+        try:
+            decoded = decode_on_gpu(self.fs.source, refs)   # complete when it returns
+        except (S4Error, OSError) as exc:
+            # a damaged (or GPU-less-unreadable) older checkpoint must not stop this
+            # one: the batch is coded in full (ingest.readable_base's rule)
+            note_unreadable_base(f"file {self.base_path}", f"{type(exc).__name__}: {exc}",
+                                 key=self.base_id)
+            return [None] * len(batch)
         return [("delta", decoded[ref.key()]) if ref is not None else None
                 for _, _, ref in batch]
 

@@ -39,7 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from s4fs.errors import CodecError
-from s4fs.ingest import SAME, IngestConfig, base_bytes, code_chunk
+from s4fs.ingest import SAME, IngestConfig, base_bytes, code_chunk, collecting_notes
 from s4fs.manifest import ChunkRef
 
 
@@ -84,6 +84,7 @@ class ItemResult:
 class JobResult:
     items: tuple[ItemResult, ...]
     stored: int        # bytes put in the store (0: no pack was written)
+    notes: tuple = ()  # (what, why) of delta bases that could not be read (coded full)
 
 
 # --- the worker side ---------------------------------------------------------------------
@@ -179,7 +180,7 @@ def spool_changed() -> CodecError:
 def code_batch(job: Job) -> JobResult:
     """Code one batch and store its pack (runs in a worker process)."""
     from s4fs import codec
-    with job_files(job) as (fd, base_fd):
+    with job_files(job) as (fd, base_fd), collecting_notes() as notes:
         blobs: list[bytes] = []
         results: list[ItemResult] = []
         pos = 0
@@ -196,7 +197,7 @@ def code_batch(job: Job) -> JobResult:
             pos += len(blob)
         if blobs:
             _open(job.store).put(job.pack, b"".join(blobs))
-        return JobResult(tuple(results), pos)
+        return JobResult(tuple(results), pos, tuple(notes))
 
 
 def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes, int]:

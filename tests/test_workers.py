@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from s4fs import workers
-from s4fs.errors import CodecError
+from s4fs.errors import CodecError, S4Error
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig
 from s4fs.spool import Spool
@@ -484,3 +484,36 @@ def test_decode_ahead_with_readers_on_many_threads(tmp_path):
         assert b"".join(got[o] for o in sorted(got)) == data
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, damage, caplog):
+    """The previous checkpoint's packs damaged or gone: the next save through the worker
+    processes stores its chunks in full (with a warning that names `s4fs verify`), reads
+    back exact, and the damaged one still refuses to read — never wrong bytes."""
+    fs = make_fs(tmp_path)
+    sd = adversarial_state(2)
+    try:
+        first = torch_bytes(sd)
+        m0 = save(fs, "ckpt_0.pt", first)
+        store = LocalStore(str(tmp_path / "store"))
+        for key in m0.own_packs:
+            if damage == "missing":
+                store.delete(key)
+            else:
+                raw = bytearray(store.get(key))
+                raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
+                store.put(key, bytes(raw))
+        sd["f32"][:1000] += 1
+        second = torch_bytes(sd)
+        with caplog.at_level("WARNING", logger="s4fs.ingest"):
+            m1 = save(fs, "ckpt_1.pt", second)
+        if damage == "missing":           # else intact chunks of ckpt_0 may still serve
+            assert all(c.pack not in m0.own_packs and c.base is None
+                       for s in m1.streams for c in s.chunks)
+        assert "s4fs verify" in caplog.text
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "ckpt_1.pt") == second
+    with pytest.raises(S4Error):
+        read_fresh(tmp_path, "ckpt_0.pt")
