@@ -107,6 +107,14 @@ PACKS_SEEN_TTL = 600.0      # seconds a pack seen whole in the store is not look
 _seen: dict = {}            # (store url, pack key) -> (size, monotonic time seen)
 
 
+def saw_pack(store, key: str, size: int) -> None:
+    """A pack this process has just written whole (no HEAD needed to use it as a base)."""
+    import time
+    if len(_seen) > 65536:
+        _seen.clear()
+    _seen[store.url, key] = (size, time.monotonic())
+
+
 def missing_packs(fs, m: Manifest) -> str | None:
     """None when every pack ``m``'s chunks (their delta chains too) need is in the store
     and long enough; else what is wrong. A new file coded against ``m`` would need those
@@ -143,7 +151,5 @@ def missing_packs(fs, m: Manifest) -> str | None:
                 if size < need[key]:
                     return (f"its pack {key} is missing from the store" if size < 0 else
                             f"its pack {key} is shorter ({size} bytes) than its chunks need")
-                if len(_seen) > 65536:
-                    _seen.clear()
-                _seen[url, key] = (size, now)
+                saw_pack(fs.store, key, size)
     return None

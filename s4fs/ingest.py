@@ -228,6 +228,7 @@ class PackWriter:
         metrics.uploads_started()
 
         def upload():
+            from s4fs.delta import saw_pack
             try:
                 if self._on_pack is None:
                     self.store.put_parts(key, parts)        # no joined copy of the pack
@@ -235,6 +236,7 @@ class PackWriter:
                     data = b"".join(parts)
                     self.store.put(key, data)
                     self._on_pack(key, data)
+                saw_pack(self.store, key, sum(memoryview(p).nbytes for p in parts))
             finally:
                 metrics.uploads_finished()
         self._uploads.append(_Pools.upload().submit(upload))
@@ -705,6 +707,8 @@ class _ProcessCoding:
             b.result = self.pool.result(b.future, repr(self.s.label or self.spool))
             if b.result.stored:
                 self.packs.append(b.key)
+                from s4fs.delta import saw_pack
+                saw_pack(self.s.store, b.key, b.result.stored)
             for what, why in b.result.notes:
                 note_unreadable_base(what, why)
         r = b.result.items[i]

@@ -351,7 +351,11 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
     """The previous checkpoint's packs damaged or gone: the next save (s4fs.save in
     process; the ingest's GPU worker, emulated) codes its chunks in full, warns once
     naming `s4fs verify`, and reads back exact; the damaged file still refuses to read."""
+    from s4fs import delta
     from s4fs.errors import S4Error
+    # packs seen whole (written here, or looked at) are trusted for PACKS_SEEN_TTL; the
+    # damage here stands for one done later than that (a lifecycle rule, days later)
+    monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)
     w = torch.randn(1 << 20)
     state = {"w": w, "frozen": torch.randn(1 << 18), "step": 0}
     if where == "api":
