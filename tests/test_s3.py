@@ -319,3 +319,50 @@ def test_stats_count_requests_and_bytes(s3_store):
     stats = s3_store.stats()
     assert stats["requests"] == 3 and stats["retries"] == 0
     assert stats["bytes_sent"] == 1000 and stats["bytes_received"] == 1010
+
+
+def test_next_save_after_a_lifecycle_rule_deleted_the_previous_ones_packs(
+        make_s3_store, tmp_path, monkeypatch, caplog):
+    """The previous checkpoint's packs are gone from the bucket (a lifecycle rule) but
+    still in the local pack cache: the next save must not be coded against them (its
+    file would need packs the bucket lacks). It is stored whole, with a warning, and
+    reads back exact from the bucket alone."""
+    torch = pytest.importorskip("torch")
+    import io
+    from s4fs import delta
+    from s4fs.errors import S4Error
+    from s4fs.fs import Filesystem, FsConfig
+    monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)     # the rule ran days later
+    store = make_s3_store(prefix="lifecycle")
+    fs = Filesystem(store, FsConfig(cache_dir=str(tmp_path / "cache")))
+    assert fs.pack_cache is not None
+
+    def save(path, sd):
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        h = fs.open_write(path)
+        h.write(0, buf.getvalue())
+        h.flush()
+        h.release()
+        return buf.getvalue()
+
+    w = torch.randn(1 << 20)
+    save("ckpt_0.pt", {"w": w})
+    for key in fs.manifest("ckpt_0.pt").own_packs:
+        store.delete(key)
+    w[:100] += 1
+    with caplog.at_level("WARNING", logger="s4fs.ingest"):
+        want = save("ckpt_1.pt", {"w": w})
+    m1 = fs.manifest("ckpt_1.pt")
+    assert m1.base is None and all(c.base is None for s in m1.streams for c in s.chunks)
+    assert "is missing from the store" in caplog.text and "s4fs verify" in caplog.text
+    fs.close()
+    fresh = Filesystem(make_s3_store(prefix="lifecycle"), FsConfig(decoded_cache_bytes=0,
+                                                                   pack_cache_bytes=0))
+    r = fresh.open_read("ckpt_1.pt")
+    assert r.read(0, len(want)) == want
+    r.release()
+    with pytest.raises(S4Error):
+        r0 = fresh.open_read("ckpt_0.pt")
+        r0.read(0, 1 << 20)
+    fresh.close()
