@@ -333,16 +333,7 @@ def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
         assert codec.decompress(bytes(blob)) == other
 
 
-def _damage(store_root, keys_, how: str) -> None:
-    """Delete the packs ``keys_``, or zero 64 bytes in the middle of each."""
-    store = LocalStore(str(store_root))
-    for key in keys_:
-        if how == "missing":
-            store.delete(key)
-        else:
-            raw = bytearray(store.get(key))
-            raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
-            store.put(key, bytes(raw))
+from store_damage import damage_packs  # noqa: E402
 
 
 @pytest.mark.parametrize("how", ["corrupt", "missing"])
@@ -363,7 +354,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
         store.mkdir()
         s4fs.save(state, str(store / "ckpt_0.pt"))
         fs, _ = s4fs.resolve(str(store / "ckpt_0.pt"))
-        _damage(str(store), fs.manifest("ckpt_0.pt").own_packs, how)
+        damage_packs(LocalStore(str(store)), fs.manifest("ckpt_0.pt").own_packs, how)
         w[:1000] += 1
         with caplog.at_level("WARNING", logger="s4fs.ingest"):
             s4fs.save(state, str(store / "ckpt_1.pt"))
@@ -381,7 +372,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
             decoded_cache_bytes=0 if how == "corrupt" else None))
         put(fs, "run/ckpt_0.pt", tbytes(state))
         m0 = fs.manifest("run/ckpt_0.pt")
-        _damage(str(tmp_path / "s"), m0.own_packs, how)
+        damage_packs(LocalStore(str(tmp_path / "s")), m0.own_packs, how)
         w[:1000] += 1
         with caplog.at_level("WARNING", logger="s4fs.ingest"):
             put(fs, "run/ckpt_1.pt", tbytes(state))

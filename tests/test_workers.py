@@ -18,6 +18,7 @@ from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig
 from s4fs.spool import Spool
 from s4fs.stores import LocalStore
+from store_damage import damage_packs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -498,14 +499,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, damage, caplog, mo
     try:
         first = torch_bytes(sd)
         m0 = save(fs, "ckpt_0.pt", first)
-        store = LocalStore(str(tmp_path / "store"))
-        for key in m0.own_packs:
-            if damage == "missing":
-                store.delete(key)
-            else:
-                raw = bytearray(store.get(key))
-                raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
-                store.put(key, bytes(raw))
+        damage_packs(LocalStore(str(tmp_path / "store")), m0.own_packs, damage)
         sd["f32"][:1000] += 1
         second = torch_bytes(sd)
         with caplog.at_level("WARNING", logger="s4fs.ingest"):
