@@ -5,9 +5,12 @@ The state is a byte-level GPT trained on the GPU here (real text: the repository
 saved as mixed-precision trainers keep it on the device: bf16 weights + fp32 AdamW
 moments, about ``--gib`` GiB. Every timing includes ``os.sync()`` where the file is
 written, so each side pays for durable bytes; loads read files just written (page cache
-warm on both sides). Medians of ``--repeat`` runs.
+warm on both sides). Medians of ``--repeat`` runs. Those repeated saves of one state go
+to a store with deltas off: each stands for a run's first checkpoint. ``--series N``
+then saves N checkpoints of the run going on, ``--between`` steps apart, with deltas on
+the previous one (s4fs's default) and without, and loads each back onto the GPU.
 
-    python bench/gpu_save.py --gib 1.7 --repeat 3
+    python bench/gpu_save.py --gib 1.7 --repeat 3 --series 4 --between 10
 """
 
 from __future__ import annotations
