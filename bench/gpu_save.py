@@ -259,9 +259,7 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> Non
                 timed(lambda: (s4fs.load(p, map_location="cuda"), torch.cuda.synchronize())))
             fs, rel = s4fs.resolve(p)
             m = fs.manifest(rel)
-            own = set(m.own_packs)
-            pct.setdefault(k, []).append(100 * sum(c.stored for s in m.streams for c in s.chunks
-                                                   if c.pack in own) / m.size)
+            pct.setdefault(k, []).append(100 * m.stored_bytes() / m.size)
         os.remove(lp)
         if r == n - 1:
             same = s4fs.read_bytes(os.path.join(roots["delta"], name)) == _torch_bytes(sd, lp)

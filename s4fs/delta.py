@@ -13,14 +13,26 @@ Among the candidates (at most a few manifests are read) the one sharing the most
 bytes (same record name, dtype and size) wins. The ingest then keeps, per chunk, the
 smaller of the chunk's own coding and its XOR with the base chunk; chains are bounded by
 ``IngestConfig.max_delta_depth``.
+
+A damaged base never stops a save: a base whose packs are not all in the store is passed
+over (:func:`missing_packs`), and a base chunk that cannot be read is not coded against
+(:func:`readable_base`); either is warned about once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from s4fs import keys
-from s4fs.manifest import Manifest
+from s4fs.errors import NotFound, S4Error
+from s4fs.manifest import ChunkRef, Manifest
+
+_log = logging.getLogger("s4fs.ingest")     # notes of the ingest, which codes the chunks
 
 _DIGITS = re.compile(r"\d+")
 MAX_CANDIDATES = 4
@@ -98,7 +110,6 @@ def choose_base(fs, path: str, previous: Manifest | None,
         why = missing_packs(fs, m)
         if why is None:
             return p, m
-        from s4fs.ingest import note_unreadable_base
         note_unreadable_base(f"file {p}", why, key=m.id)
     return None
 
@@ -109,7 +120,6 @@ _seen: dict = {}            # (store url, pack key) -> (size, monotonic time see
 
 def saw_pack(store, key: str, size: int) -> None:
     """A pack this process has just written whole (no HEAD needed to use it as a base)."""
-    import time
     if len(_seen) > 65536:
         _seen.clear()
     _seen[store.url, key] = (size, time.monotonic())
@@ -121,19 +131,14 @@ def missing_packs(fs, m: Manifest) -> str | None:
     packs: its chunks may be ``m``'s own, or deltas on them, and the base's bytes may come
     from a local decoded copy that outlived its packs (deleted by hand or by a lifecycle
     rule). One HEAD per pack, remembered for PACKS_SEEN_TTL."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-    from s4fs.errors import NotFound, S4Error
-    need: dict[str, int] = {}
-    for s in m.streams:
-        for c in s.chunks:
-            r = c
-            while r is not None:
-                need[r.pack] = max(need.get(r.pack, 0), r.offset + r.stored)
-                r = r.base
+    need = m.pack_ends()
     url, now = fs.store.url, time.monotonic()
-    todo = [k for k in need if not ((url, k) in _seen and now - _seen[url, k][1] < PACKS_SEEN_TTL
-                                     and _seen[url, k][0] >= need[k])]
+
+    def seen_whole(key) -> bool:
+        size, when = _seen.get((url, key), (-1, 0.0))
+        return size >= need[key] and now - when < PACKS_SEEN_TTL
+
+    todo = [k for k in need if not seen_whole(k)]
 
     def probe(key):
         try:
@@ -153,3 +158,51 @@ def missing_packs(fs, m: Manifest) -> str | None:
                             f"its pack {key} is shorter ({size} bytes) than its chunks need")
                 saw_pack(fs.store, key, size)
     return None
+
+
+# --------------------------------------------------------------------------- damaged bases
+
+_unreadable: set = set()          # delta bases already warned about
+_notes = threading.local()        # a worker's notes for its parent (collecting_notes)
+
+
+def readable_base(base: ChunkRef, base_bytes) -> bytes | None:
+    """``base_bytes()``, or None when the base chunk cannot be had: its pack missing or
+    damaged, its planes needing a GPU this process lacks, the store failing. The new
+    chunk is then coded in full. A damaged old checkpoint must not stop the next one from
+    being saved; the old one still fails its own reads (never wrong bytes)."""
+    try:
+        return base_bytes()
+    except (S4Error, OSError) as exc:
+        note_unreadable_base(f"pack {base.pack}", f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def note_unreadable_base(what: str, why: str, key: str | None = None) -> None:
+    """Warn, once per ``key`` (default: ``what``), that a delta base could not be read;
+    inside :func:`collecting_notes` (a worker process), keep the note for the parent."""
+    notes = getattr(_notes, "list", None)
+    if notes is not None:
+        notes.append((what, why))
+        return
+    key = what if key is None else key
+    if key in _unreadable:
+        return
+    if len(_unreadable) > 4096:
+        _unreadable.clear()
+    _unreadable.add(key)
+    _log.warning(
+        "a delta base could not be read (%s: %s); the new file's chunks that would be "
+        "coded against it are stored in full instead. The older checkpoint it belongs to "
+        "may be damaged: run `s4fs verify` on its folder", what, why)
+
+
+@contextlib.contextmanager
+def collecting_notes():
+    """The notes :func:`note_unreadable_base` takes on this thread meanwhile, as a list
+    of ``(what, why)`` (a worker process returns them with its result)."""
+    _notes.list = []
+    try:
+        yield _notes.list
+    finally:
+        _notes.list = None

@@ -64,7 +64,8 @@ def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs import workers
     from s4fs.gpu_worker import code_items, delta_prep
-    from s4fs.ingest import DELTA, FULL, SAME, collecting_notes
+    from s4fs.delta import collecting_notes
+    from s4fs.ingest import DELTA, FULL, SAME
     with workers.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
         datas = [workers.read_item(fd, it) for it in job.items]

@@ -20,8 +20,9 @@ from concurrent.futures import Future
 
 from s4fs import codec
 from s4fs.codec import _container, _device
-from s4fs.ingest import (FULL, SAME, IngestConfig, _Pools, base_bytes, code_chunk,
-                         delta_candidate, delta_is_tiny, keep_delta, readable_base)
+from s4fs.delta import readable_base
+from s4fs.ingest import (IngestConfig, _Pools, base_bytes, chunk_result, delta_candidate,
+                         delta_is_tiny, keep_delta)
 from s4fs.manifest import ChunkRef
 
 log = logging.getLogger("s4fs.ingest")
@@ -139,10 +140,8 @@ def _cpu_result(item, prep, cfg: IngestConfig):
     data, dtype, base = item
     if prep is not None and prep[0] == "same":
         return None, base, base.checksum, len(data)
-    sum_ = codec.checksum(data)
-    blob, kind = code_chunk(data, dtype, sum_, base if prep else None,
-                            lambda: prep[1], cfg, device="cpu")
-    return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, len(data)
+    return chunk_result(data, dtype, codec.checksum(data), base if prep else None,
+                        lambda: prep[1], cfg, device="cpu")
 
 
 def _gpu_results(batch: list, prep: list, cfg: IngestConfig) -> list:

@@ -14,11 +14,8 @@ writes it (the commit). Nothing the session wrote is visible before that.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import pickle
-import threading
 import time
 import uuid
 from collections import deque
@@ -30,11 +27,10 @@ import xxhash
 
 from s4fs import codec, keys, metrics
 from s4fs.codec import _device
+from s4fs.delta import note_unreadable_base, readable_base, saw_pack
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.stores import Store
-
-log = logging.getLogger("s4fs.ingest")
 
 
 @dataclass(frozen=True)
@@ -90,51 +86,14 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     return full, FULL
 
 
-_unreadable: set = set()          # delta bases already warned about
-_notes = threading.local()        # a worker's notes for its parent (collecting_notes)
-
-
-def readable_base(base: ChunkRef, base_bytes) -> bytes | None:
-    """``base_bytes()``, or None when the base chunk cannot be had: its pack missing or
-    damaged, its planes needing a GPU this process lacks, the store failing. The new
-    chunk is then coded in full. A damaged old checkpoint must not stop the next one from
-    being saved; the old one still fails its own reads (never wrong bytes)."""
-    from s4fs.errors import S4Error
-    try:
-        return base_bytes()
-    except (S4Error, OSError) as exc:
-        note_unreadable_base(f"pack {base.pack}", f"{type(exc).__name__}: {exc}")
-        return None
-
-
-def note_unreadable_base(what: str, why: str, key: str | None = None) -> None:
-    """Warn, once per ``key`` (default: ``what``), that a delta base could not be read;
-    inside :func:`collecting_notes` (a worker process), keep the note for the parent."""
-    notes = getattr(_notes, "list", None)
-    if notes is not None:
-        notes.append((what, why))
-        return
-    key = what if key is None else key
-    if key in _unreadable:
-        return
-    if len(_unreadable) > 4096:
-        _unreadable.clear()
-    _unreadable.add(key)
-    log.warning(
-        "a delta base could not be read (%s: %s); the new file's chunks that would be "
-        "coded against it are stored in full instead. The older checkpoint it belongs to "
-        "may be damaged: run `s4fs verify` on its folder", what, why)
-
-
-@contextlib.contextmanager
-def collecting_notes():
-    """The notes :func:`note_unreadable_base` takes on this thread meanwhile, as a list
-    of ``(what, why)`` (a worker process returns them with its result)."""
-    _notes.list = []
-    try:
-        yield _notes.list
-    finally:
-        _notes.list = None
+def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
+                 cfg: IngestConfig, device: str | None = None) -> tuple:
+    """:func:`code_chunk`'s choice as ``(blob | None, base ref | None, checksum, raw
+    length)`` (what :meth:`PackWriter.place` takes): no blob when the chunk is its
+    base, no base when it is coded whole."""
+    blob, kind = code_chunk(data, dtype, checksum, base, base_bytes, cfg, device)
+    return (None if kind == SAME else blob), (None if kind == FULL else base), checksum, \
+        len(data)
 
 
 def delta_candidate(base: ChunkRef | None, raw: int, cfg: IngestConfig) -> bool:
@@ -158,6 +117,13 @@ def base_streams(base: Manifest | None) -> dict:
         return {}
     return {(s.name, s.dtype, s.length): s for s in base.streams
             if s.kind == "tensor" and s.name is not None}
+
+
+def base_chunk(base: Stream | None, idx: int) -> ChunkRef | None:
+    """Chunk ``idx`` of a base stream (one of :func:`base_streams`), if it has one."""
+    if base is not None and idx < len(base.chunks):
+        return base.chunks[idx]
+    return None
 
 
 def lower_priority(nice: int) -> None:
@@ -216,6 +182,16 @@ class PackWriter:
         self.stored += len(blob)
         return self._key, off
 
+    def place(self, blob, base: ChunkRef | None, checksum: int, raw: int) -> ChunkRef:
+        """The reference of a coded chunk (what the delta rule returned): ``base``
+        itself when the chunk is its base (no blob), else ``blob`` added to a pack, as a
+        delta on ``base`` or whole."""
+        if blob is None:
+            return base
+        pack, off = self.add(blob)
+        return ChunkRef(pack, off, len(blob), raw, checksum,
+                        base.depth + 1 if base is not None else 0, base)
+
     def _submit(self) -> None:
         if not self._buf:
             return
@@ -228,7 +204,6 @@ class PackWriter:
         metrics.uploads_started()
 
         def upload():
-            from s4fs.delta import saw_pack
             try:
                 if self._on_pack is None:
                     self.store.put_parts(key, parts)        # no joined copy of the pack
@@ -399,9 +374,7 @@ class IngestSession:
         self._emit(self._tensor, chunk, self._tensor.dtype, base, where)
 
     def _base_chunk(self, idx: int) -> ChunkRef | None:
-        if self._tensor_base is not None and idx < len(self._tensor_base.chunks):
-            return self._tensor_base.chunks[idx]
-        return None
+        return base_chunk(self._tensor_base, idx)
 
     def _end_tensor(self) -> None:
         if self._tensor is not None:
@@ -437,23 +410,14 @@ class IngestSession:
         sum_ = codec.checksum(data)
         if self._source is None:
             base = None
-        blob, kind = code_chunk(data, dtype, sum_, base,
-                                (lambda: self._source.get(base)), self.cfg)
-        return (None if kind == SAME else blob), (None if kind == FULL else base), sum_, \
-            len(data)
+        return chunk_result(data, dtype, sum_, base, (lambda: self._source.get(base)),
+                            self.cfg)
 
     def _drain_one(self) -> None:
         p = self._pending.popleft()
         if self._gpu is not None:
             self._gpu.flush_if_holding(p.future)
-        blob, base, sum_, raw = p.future.result()
-        if blob is None:
-            ref = base                                   # the very same chunk as the base
-        else:
-            pack, off = self.packs.add(blob)
-            depth = base.depth + 1 if base is not None else 0
-            ref = ChunkRef(pack, off, len(blob), raw, sum_, depth, base)
-        p.stream.chunks.append(ref)
+        p.stream.chunks.append(self.packs.place(*p.future.result()))
 
     # --- end ---------------------------------------------------------------------------
 
@@ -707,7 +671,6 @@ class _ProcessCoding:
             b.result = self.pool.result(b.future, repr(self.s.label or self.spool))
             if b.result.stored:
                 self.packs.append(b.key)
-                from s4fs.delta import saw_pack
                 saw_pack(self.s.store, b.key, b.result.stored)
             for what, why in b.result.notes:
                 note_unreadable_base(what, why)

@@ -128,15 +128,22 @@ class Manifest:
 
     # --- queries ---------------------------------------------------------------------
 
-    def packs(self) -> set[str]:
-        out: set[str] = set()
+    def pack_ends(self) -> dict[str, int]:
+        """Every pack the chunks need (their delta chains too), with how many of its
+        bytes: the end of the last blob in it."""
+        out: dict[str, int] = {}
         for s in self.streams:
             for c in s.chunks:
                 r = c
                 while r is not None:
-                    out.add(r.pack)
+                    end = r.offset + r.stored
+                    if out.get(r.pack, -1) < end:
+                        out[r.pack] = end
                     r = r.base
         return out
+
+    def packs(self) -> set[str]:
+        return set(self.pack_ends())
 
     def stored_bytes(self) -> int:
         """Bytes this file added to the store (its own blobs; bases not counted)."""

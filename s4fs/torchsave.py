@@ -349,7 +349,7 @@ class _DeviceSave:
         self.job = job
         self.fs = job.fs
         self.cfg = job.fs.cfg.ingest
-        self.base_path = self.base_id = None    # the delta base's, once chosen
+        self.base_info = None                   # the delta base's path and id, once chosen
 
     def manifest(self):
         import torch
@@ -410,7 +410,7 @@ class _DeviceSave:
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
                            max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
-        bases, base_info = self._bases()
+        bases = self._bases()
         st.mark("plan (pickle scan, streams, delta base)")
         hashing = None
         try:
@@ -442,22 +442,22 @@ class _DeviceSave:
         return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
                         kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
                         extents=extents, names=names, own_packs=list(packs.keys),
-                        base=base_info)
+                        base=self.base_info)
 
-    def _bases(self) -> tuple[dict, dict | None]:
-        """The delta base's tensor streams by (name, dtype, length) and the manifest's
-        record of it; none when deltas are off or no stored file resembles this one
+    def _bases(self) -> dict:
+        """The delta base's tensor streams by (name, dtype, length), its record kept in
+        ``base_info``; none when deltas are off or no stored file resembles this one
         (``s4fs.delta.choose_base``, the rule of every other save)."""
         if not self.fs.cfg.delta:
-            return {}, None
+            return {}
         from s4fs.delta import choose_base
         from s4fs.ingest import base_streams
         chosen = choose_base(self.fs, self.job.rel, self.job._previous())
         if chosen is None:
-            return {}, None
-        self.base_path, base = chosen
-        self.base_id = base.id
-        return base_streams(base), {"path": self.base_path, "id": base.id}
+            return {}
+        path, base = chosen
+        self.base_info = {"path": path, "id": base.id}
+        return base_streams(base)
 
     def _code_device(self, jobs, host: dict, packs, bases: dict) -> None:
         """The device storages in GPU batches: the first ones small (the disk starts
@@ -488,7 +488,7 @@ class _DeviceSave:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
         GPU batches of growing size (GPU_FIRST_BATCHES, then the full size)."""
         import torch
-        from s4fs.ingest import delta_candidate
+        from s4fs.ingest import base_chunk, delta_candidate
         lay, step = self.job.lay, self.cfg.chunk_size
         full = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
         out: list[list] = [[]]
@@ -502,7 +502,7 @@ class _DeviceSave:
             base = bases.get((s.name, s.dtype, n))
             for k, o in enumerate(range(0, n, step)):
                 piece = whole[o: o + step]
-                ref = base.chunks[k] if base is not None and k < len(base.chunks) else None
+                ref = base_chunk(base, k)
                 out[-1].append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
                                 else None))
                 held += piece.numel()
@@ -519,15 +519,15 @@ class _DeviceSave:
         refs = [ref for _, _, ref in batch if ref is not None]
         if not refs:
             return [None] * len(batch)
-        from s4fs.ingest import note_unreadable_base
+        from s4fs.delta import note_unreadable_base
         from s4fs.reader import decode_on_gpu
         try:
             decoded = decode_on_gpu(self.fs.source, refs)   # complete when it returns
         except (S4Error, OSError) as exc:
-            # a damaged (or GPU-less-unreadable) older checkpoint must not stop this
-            # one: the batch is coded in full (ingest.readable_base's rule)
-            note_unreadable_base(f"file {self.base_path}", f"{type(exc).__name__}: {exc}",
-                                 key=self.base_id)
+            # a damaged older checkpoint must not stop this one: the batch is coded in
+            # full (s4fs.delta.readable_base's rule)
+            note_unreadable_base(f"file {self.base_info['path']}",
+                                 f"{type(exc).__name__}: {exc}", key=self.base_info["id"])
             return [None] * len(batch)
         return [("delta", decoded[ref.key()]) if ref is not None else None
                 for _, _, ref in batch]
@@ -537,9 +537,7 @@ class _DeviceSave:
         (``s4fs.gpu_worker.code_on_device``); blobs to the pack writer."""
         import torch
         from s4fs.gpu_worker import code_on_device
-        from s4fs.manifest import ChunkRef
         stages = self.job.stages
-        stages.mark("batching")
 
         def same(k: int) -> bool:
             t = batch[k][1]
@@ -548,35 +546,22 @@ class _DeviceSave:
         results = code_on_device([(t, s.dtype, ref) for s, t, ref in batch], prep,
                                  self.job.profile, self.cfg, same)
         stages.mark("GPU coding (blobs in pinned memory)")
-        for (s, _, _), (blob, base, sum_, raw) in zip(batch, results):
-            if blob is None:
-                s.chunks.append(base)              # the very same chunk as the base
-                continue
-            pack, off = packs.add(blob)            # a view of pinned memory, joined once
-            s.chunks.append(ChunkRef(pack, off, len(blob), raw, sum_,
-                                     base.depth + 1 if base is not None else 0, base))
+        for (s, _, _), res in zip(batch, results):
+            s.chunks.append(packs.place(*res))    # blobs: views of pinned memory
         stages.mark("packing (and waiting for pack writes)")
 
     def _code_host(self, stream, mv, packs, base=None) -> None:
         """Host bytes into ``stream``'s chunks, coded on the CPU by ingest's rule
-        (``code_chunk``: deltas against ``base``'s chunks where they pay)."""
+        (deltas against ``base``'s chunks where they pay)."""
         from s4fs import codec
-        from s4fs.ingest import DELTA, SAME, code_chunk
-        from s4fs.manifest import ChunkRef
+        from s4fs.ingest import base_chunk, chunk_result
         step = self.cfg.chunk_size
         for k, o in enumerate(range(0, len(mv), step)):
             piece = mv[o: o + step]
-            ref = base.chunks[k] if base is not None and k < len(base.chunks) else None
-            sum_ = codec.checksum(piece)
-            blob, kind = code_chunk(piece, stream.dtype, sum_, ref,
-                                    lambda: self.fs.source.get(ref), self.cfg, device="cpu")
-            if kind == SAME:
-                stream.chunks.append(ref)
-                continue
-            pack, off = packs.add(blob)
-            stream.chunks.append(ChunkRef(pack, off, len(blob), len(piece), sum_,
-                                          ref.depth + 1 if kind == DELTA else 0,
-                                          ref if kind == DELTA else None))
+            ref = base_chunk(base, k)
+            stream.chunks.append(packs.place(*chunk_result(
+                piece, stream.dtype, codec.checksum(piece), ref,
+                lambda: self.fs.source.get(ref), self.cfg, device="cpu")))
 
 
 def _gpu_release() -> None:

@@ -39,7 +39,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from s4fs.errors import CodecError
-from s4fs.ingest import SAME, IngestConfig, base_bytes, code_chunk, collecting_notes
+from s4fs.delta import collecting_notes
+from s4fs.ingest import SAME, IngestConfig, base_bytes, code_chunk
 from s4fs.manifest import ChunkRef
 
 
