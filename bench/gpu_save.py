@@ -93,7 +93,8 @@ def main() -> None:
                     help="training steps between the series' checkpoints")
     ap.add_argument("--timeline", action="store_true",
                     help="then one more s4fs.save, traced: its GPU batches, its pack writes "
-                         "(how busy the disk was kept) and the main thread's profile")
+                         "(how busy the disk was kept) and the main thread's profile; with "
+                         "--series, one more delta save too (its base decoding traced)")
     args = ap.parse_args()
     import torch
     import torch.distributed.checkpoint as dcp
@@ -158,6 +159,8 @@ def main() -> None:
         lp, sp = os.path.join(local, name), os.path.join(store, name)
         add("torch.save (local disk)", timed(lambda: (torch.save(sd, lp), os.sync())))
         add("s4fs.save", timed(lambda: (s4fs.save(sd, sp), os.sync())))
+        fs_, rel_ = s4fs.resolve(sp)
+        add(FLOOR, disk_alone(work, fs_.manifest(rel_).stored_bytes()))
         if shm:
             add("torch.save to /dev/shm (no disk)",
                 timed(lambda: torch.save(sd, os.path.join(shm, "t.pt"))))
@@ -214,8 +217,11 @@ def main() -> None:
     print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
           f"({100 * m.stored_bytes() / m.size:.1f} %); stored file == torch.save's file: {same}; "
           f"s4fs.load to cuda bit-exact: {exact}")
+    floor = statistics.median(rows[FLOOR]) / ref_save
+    print(f"the disk alone takes s4fs.save's stored bytes in {floor:.3f}x the time of "
+          f"torch.save + sync: no save that stores them can take less (goal <= 0.3x)")
     if args.series:
-        series(trainer, work, local, args.series, args.between)
+        series(trainer, work, local, args.series, args.between, args.timeline)
     if args.timeline:
         traced_save(sd, os.path.join(store, "traced.pt"))
     shutil.rmtree(work, ignore_errors=True)
@@ -223,10 +229,40 @@ def main() -> None:
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> None:
+FLOOR = "the disk alone: s4fs.save's stored bytes written as its packs, no coding"
+
+
+def disk_alone(work: str, n: int) -> float:
+    """Seconds for this disk to take ``n`` random bytes the fastest way a local store
+    writes a save's packs (32 MiB packs, DEVICE_SAVE_UPLOADS at once, each fsync'ed,
+    then ``os.sync()``), under ``work``: the floor of any save that stores ``n`` bytes."""
+    import mmap
+    from store_write import _packs
+    from s4fs.torchsave import DEVICE_SAVE_UPLOADS
+    global _RANDOM
+    if _RANDOM is None or len(_RANDOM) < n:
+        _RANDOM = mmap.mmap(-1, n + (64 << 20))
+        _RANDOM[:] = os.urandom(len(_RANDOM))
+    folder = tempfile.mkdtemp(dir=work, prefix="disk-alone-")
+    try:
+        os.sync()
+        t0 = time.perf_counter()
+        _packs(folder, memoryview(_RANDOM)[:n], 32 << 20, DEVICE_SAVE_UPLOADS, True)
+        os.sync()
+        return time.perf_counter() - t0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_RANDOM = None
+
+
+def series(trainer: Trainer, work: str, local: str, n: int, between: int,
+           timeline: bool = False) -> None:
     """Checkpoints of a run going on, ``between`` steps apart: torch.save, s4fs.save with
     deltas on the previous checkpoint (the default), and s4fs.save without; each
-    checkpoint loaded back onto the GPU."""
+    checkpoint loaded back onto the GPU, and the disk's time for each one's new bytes
+    alone. ``timeline``: then one more delta save, traced."""
     import torch
     import s4fs
     from s4fs import torchsave
@@ -260,6 +296,8 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> Non
             fs, rel = s4fs.resolve(p)
             m = fs.manifest(rel)
             pct.setdefault(k, []).append(100 * m.stored_bytes() / m.size)
+            t.setdefault(f"the disk alone: the new bytes of s4fs.save, {k}", []).append(
+                disk_alone(work, m.stored_bytes()))
         os.remove(lp)
         if r == n - 1:
             same = s4fs.read_bytes(os.path.join(roots["delta"], name)) == _torch_bytes(sd, lp)
@@ -283,6 +321,10 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int) -> Non
           ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
     print(f"last checkpoint with deltas: stored file == torch.save's file: {same}; "
           f"s4fs.load to cuda bit-exact: {exact}")
+    if timeline:
+        trainer.train(between)
+        traced_save(trainer.state(), os.path.join(roots["delta"], f"ckpt_{trainer.steps}.pt"),
+                    "a delta save (base: the series' last checkpoint)")
 
 
 def _torch_bytes(sd, path: str) -> bytes:
@@ -294,13 +336,15 @@ def _torch_bytes(sd, path: str) -> bytes:
     return data
 
 
-def traced_save(sd, path: str) -> None:
-    """One s4fs.save (+ os.sync) with its GPU batches and pack writes timed and its main
-    thread profiled: where the save leaves the disk idle or under-fed."""
+def traced_save(sd, path: str, what: str = "a first checkpoint") -> None:
+    """One s4fs.save (+ os.sync) with its GPU batches, delta base decodings and pack
+    writes timed and its main thread profiled: where the save leaves the disk idle or
+    under-fed."""
     import cProfile
     import pstats
     import threading
     import s4fs
+    from s4fs import reader
     from s4fs.codec import gpu
     from s4fs.stores.local import LocalStore
     ev: list = []
@@ -325,7 +369,17 @@ def traced_save(sd, path: str) -> None:
             ev.append(("code", a - t0, time.perf_counter() - t0,
                        sum(it[0].numel() * it[0].element_size() for it in items)))
 
+    decode = reader.decode_on_gpu
+
+    def traced_decode(source, refs, **kw):
+        a = time.perf_counter()
+        try:
+            return decode(source, refs, **kw)
+        finally:
+            ev.append(("base", a - t0, time.perf_counter() - t0, sum(r.stored for r in refs)))
+
     LocalStore.put_parts, gpu.compress_many = traced_put, traced_code
+    reader.decode_on_gpu = traced_decode
     prof = cProfile.Profile()
     try:
         t0 = time.perf_counter()
@@ -337,10 +391,12 @@ def traced_save(sd, path: str) -> None:
         t_all = time.perf_counter() - t0
     finally:
         LocalStore.put_parts, gpu.compress_many = put, code
+        reader.decode_on_gpu = decode
     writes = sorted(e[1:] for e in ev if e[0] == "write")
-    print(f"\n# traced s4fs.save: {t_save:.3f} s, {t_all:.3f} s with os.sync()")
-    for _, a, b, n in (e for e in ev if e[0] == "code"):
-        print(f"#   GPU batch of {n / 2**20:.0f} MiB: {a:.3f} -> {b:.3f} s")
+    print(f"\n# traced s4fs.save, {what}: {t_save:.3f} s, {t_all:.3f} s with os.sync()")
+    for kind, a, b, n in sorted((e for e in ev if e[0] != "write"), key=lambda e: e[1]):
+        print(f"#   {'GPU batch of' if kind == 'code' else 'delta bases decoded,'} "
+              f"{n / 2**20:.0f} MiB{'' if kind == 'code' else ' stored'}: {a:.3f} -> {b:.3f} s")
     if writes:
         edges = sorted([(a, 1) for a, _, _ in writes] + [(b, -1) for _, b, _ in writes])
         busy, depth, last, weighted = 0.0, 0, edges[0][0], 0.0

@@ -220,6 +220,46 @@ def test_delta_chains_of_cuda_saves_stay_bounded_and_every_version_exact(tmp_pat
         assert torch.equal(s4fs.load(str(store / f"ckpt_{k}.pt"), map_location="cuda")["w"], saved[k])
 
 
+@pytest.mark.parametrize("how", ["corrupt", "missing"])
+def test_a_damaged_base_does_not_stop_the_next_cuda_save(tmp_path, monkeypatch, caplog, how):
+    """The previous checkpoint's packs rotted (its chunks fail their checksums when the
+    device save decodes them as bases) or deleted (the base is passed over): the next
+    save of CUDA state still commits, coded in full, warns once naming `s4fs verify`,
+    and is torch.save's file; the damaged checkpoint still refuses to read."""
+    import sys
+    import s4fs
+    from s4fs import delta
+    from s4fs.errors import S4Error
+    from s4fs.stores import LocalStore
+    sys.path.insert(0, os.path.dirname(__file__))
+    from store_damage import damage_packs
+    monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)   # the damage came long after
+    store = _store(tmp_path)
+    torch.manual_seed(7)
+    sd = {"w": torch.randn(3 << 20, device="cuda"),
+          "frozen": torch.randn(1 << 20, device="cuda").to(torch.bfloat16), "step": 0}
+    s4fs.save(sd, str(store / "ckpt_0.pt"))
+    fs, _ = s4fs.resolve(str(store / "ckpt_0.pt"))
+    m0 = fs.manifest("ckpt_0.pt")
+    damage_packs(LocalStore(str(store)), m0.own_packs, how)
+    with torch.no_grad():
+        sd["w"][:1000] += 1
+    sd["step"] = 1
+    with caplog.at_level("WARNING", logger="s4fs.ingest"):
+        s4fs.save(sd, str(store / "ckpt_1.pt"))
+    ref = tmp_path / "ckpt_1.pt"
+    torch.save(sd, str(ref))
+    assert s4fs.read_bytes(str(store / "ckpt_1.pt")) == ref.read_bytes()
+    m1 = fs.manifest("ckpt_1.pt")
+    assert all(c.pack not in m0.own_packs and c.base is None
+               for s in m1.streams for c in s.chunks)
+    assert "s4fs verify" in caplog.text and "ckpt_0.pt" in caplog.text
+    back = s4fs.load(str(store / "ckpt_1.pt"), map_location="cuda")
+    assert torch.equal(back["w"], sd["w"]) and torch.equal(back["frozen"], sd["frozen"])
+    with pytest.raises(S4Error):
+        s4fs.read_bytes(str(store / "ckpt_0.pt"))
+
+
 def test_cuda_saves_without_deltas_when_the_store_says_so(tmp_path):
     import s4fs
     from s4fs.api import filesystem
