@@ -85,6 +85,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     copy into pinned memory per batch, not one per chunk)."""
     from s4fs.codec import _device, gpu
     run = _device.on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
+    # the reads ahead run on a thread of their own, which starts on device 0: they name
+    # the caller's device (a rank's own GPU), where the blobs must land
+    device = None if gpu_thread else gpu.current_device()
     todo: dict = {}
     for ref in refs:
         r = ref
@@ -99,8 +102,9 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     with ThreadPoolExecutor(readers, thread_name_prefix="s4fs-load") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="s4fs-load-ahead") as ahead:
         def read(group):
-            host, at = _read_runs(source, group, pool)
-            dev = run(gpu.to_device, host)
+            with gpu.on_device(device):
+                host, at = _read_runs(source, group, pool)
+                dev = run(gpu.to_device, host)
             return [dev[p: p + r.stored] for r, p in zip(group, at)]
         nxt = ahead.submit(read, groups[0]) if groups else None
         for k, group in enumerate(groups):

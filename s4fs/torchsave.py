@@ -437,7 +437,7 @@ class _DeviceSave:
                 cf.wait([hashing])      # it reads the storages: done before they may go
             raise
         finally:
-            _gpu_release()
+            _gpu_release(self.device)
         names = {f"data/{k}": v for k, v in scan.names.items()}
         return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
                         kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
@@ -564,9 +564,10 @@ class _DeviceSave:
                 lambda: self.fs.source.get(ref), self.cfg, device="cpu")))
 
 
-def _gpu_release() -> None:
+def _gpu_release(device: int) -> None:
+    """The codec's cached device memory on ``device`` (the save's or load's) back."""
     from s4fs.codec import gpu
-    gpu.release_memory()
+    gpu.release_memory(device=device)
 
 
 # --------------------------------------------------------------------------- async
@@ -744,7 +745,7 @@ def load(path, map_location=None, **load_kwargs):
         stages.mark("unpickle")
         return out
     finally:
-        _gpu_release()
+        _gpu_release(dev.index)
 
 
 def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:

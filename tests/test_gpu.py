@@ -1198,3 +1198,24 @@ def test_pinned_host_memory_is_reused_and_given_back():
     del blobs
     g.release_memory(pinned=True)
     assert pool.n_free_blocks() == 0
+
+
+@gpu
+def test_a_threads_codec_backend_is_on_the_threads_current_device():
+    """``cuda_backend()`` (what compress_many / decompress_many use) is the backend of
+    the calling thread's current device, the same one ``cuda_backend(that device)``
+    gives — not the first device the thread ever used; a new thread's is its own."""
+    import threading
+
+    import cupy
+
+    from s4fs.codec.gpu._backend import cuda_backend
+    last = cupy.cuda.runtime.getDeviceCount() - 1
+    with cupy.cuda.Device(last):
+        b = cuda_backend()
+        assert b is cuda_backend(last) and b.device.id == last
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(cuda_backend()))
+    t.start()
+    t.join()
+    assert seen[0] is not b and seen[0].device.id == 0

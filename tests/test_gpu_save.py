@@ -260,6 +260,45 @@ def test_a_damaged_base_does_not_stop_the_next_cuda_save(tmp_path, monkeypatch, 
         s4fs.read_bytes(str(store / "ckpt_0.pt"))
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_rank_on_its_own_gpu_codes_and_decodes_there_alone(tmp_path):
+    """A process whose GPU is not device 0 (every rank but one on a multi-GPU node):
+    its save, delta save (async) and GPU load give back exact bytes on its GPU, and no
+    thread of s4fs's — the hash thread, the async save's, the reads ahead of a load —
+    puts a byte on device 0 (a new thread starts there)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    store = _store(tmp_path)
+    code = textwrap.dedent(f"""
+        import json, cupy, torch, s4fs
+        torch.cuda.set_device(1)
+        store = {str(store)!r}
+        torch.manual_seed(3)
+        sd = {{"w": torch.randn(8 << 20, device="cuda"),
+               "h": torch.randn(1 << 20, device="cuda").to(torch.bfloat16)}}
+        s4fs.save(sd, store + "/ckpt_0.pt")
+        with torch.no_grad():
+            sd["w"][:4096] += 1
+        s4fs.async_save(sd, store + "/ckpt_1.pt").result()
+        back = s4fs.load(store + "/ckpt_1.pt", map_location="cuda")
+        exact = (back["w"].device.index == 1 and torch.equal(back["w"], sd["w"])
+                 and torch.equal(back["h"], sd["h"]))
+        fs, _ = s4fs.resolve(store + "/ckpt_1.pt")
+        delta = fs.manifest("ckpt_1.pt").base is not None
+        with cupy.cuda.Device(0):
+            on0 = cupy.get_default_memory_pool().total_bytes()
+        print(json.dumps({{"exact": exact, "delta": delta, "device0_bytes": on0}}))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"exact": True, "delta": True, "device0_bytes": 0}, got
+
+
 def test_cuda_saves_without_deltas_when_the_store_says_so(tmp_path):
     import s4fs
     from s4fs.api import filesystem

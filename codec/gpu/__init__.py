@@ -13,6 +13,7 @@ the GPU decodes CPU blobs. See docs/GPU.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from s4fs.errors import CodecUnavailableError
@@ -25,7 +26,8 @@ _codecs.register()
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
            "decompress_many", "decompress_planes", "GpuProfile", "DEFAULT",
            "FLOAT", "PORTABLE", "GDEFLATE_MANTISSA", "PROFILES", "nvcomp_version",
-           "crc32_many", "xxh3_128_pieces", "release_memory", "host_buffer", "to_device"]
+           "crc32_many", "xxh3_128_pieces", "release_memory", "host_buffer", "to_device",
+           "current_device", "on_device"]
 
 @functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
@@ -106,21 +108,46 @@ def decompress_planes(blob, head, dt) -> bytes:
     return _many([blob], out="bytes", planes_only=True)[0]
 
 
+def current_device() -> int | None:
+    """The calling thread's current CUDA device (what ``torch.cuda.device(n)`` or
+    ``cupy.cuda.Device(n)`` set; a new thread starts on device 0), or None where CuPy
+    cannot be imported or sees no device."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDevice()
+    except Exception:                      # noqa: BLE001 - no GPU stack (or device) here
+        return None
+
+
+def on_device(device: int | None):
+    """A context in which ``device`` is the calling thread's current CUDA device; None:
+    no change. Work handed to a helper thread must name its device: a new thread starts
+    on device 0, so its buffers would land there, and a CUDA context be made there, in a
+    process whose tensors live on another GPU (a rank's own GPU on an 8-GPU node)."""
+    if device is None:
+        return contextlib.nullcontext()
+    import cupy
+    return cupy.cuda.Device(device)
+
+
 def crc32_many(ptrs: list[int], lens: list[int], *, device: int | None = None) -> list[int]:
     """The zip CRC-32 (``zlib.crc32``) of every buffer (device pointers and lengths on
     ``device``), computed on that GPU."""
     from ._backend import cuda_backend
     from ._wholefile import crc32_many as _many
-    return _many(cuda_backend(device), ptrs, lens) if ptrs else []
+    with on_device(device):
+        return _many(cuda_backend(device), ptrs, lens) if ptrs else []
 
 
 def xxh3_128_pieces(pieces: list, size: int, *, device: int | None = None) -> str:
     """``xxhash.xxh3_128(file).hexdigest()`` of a ``size``-byte file given as ``pieces``
     ``(offset, length, host bytes-like | device pointer)`` tiling it in order (its last
-    64 bytes on the host), computed on the GPU without assembling the file."""
+    64 bytes on the host), computed on the GPU (``device``, else the thread's current
+    one) without assembling the file."""
     from ._backend import cuda_backend
     from ._wholefile import xxh3_128_pieces as _hash
-    return _hash(cuda_backend(device), pieces, size, [])
+    with on_device(device):
+        return _hash(cuda_backend(device), pieces, size, [])
 
 
 def host_buffer(nbytes: int):
@@ -144,7 +171,7 @@ def to_device(host):
     return dev
 
 
-def release_memory(pinned: bool = False) -> None:
+def release_memory(pinned: bool = False, device: int | None = None) -> None:
     """Give the device memory the codec's pool caches back (torch's allocator, or any
     other, can then use it); with ``pinned``, also the pinned host memory its pool keeps
     unused. Safe to call when CuPy is not installed.
@@ -155,11 +182,13 @@ def release_memory(pinned: bool = False) -> None:
     (s4fs.save of 1.77 GiB of CUDA state: 3.05 s instead of 1.43 s). What stays pinned
     is bounded: requests come in size classes (``_backend.pinned_size``) and batches
     are at most 1 GiB of input, so a process keeps a few blocks, not more with every
-    save."""
+    save. CuPy keeps a pool per device: this frees ``device``'s (else the calling
+    thread's current device's)."""
     try:
         import cupy
     except Exception:                      # noqa: BLE001 - nothing cached then
         return
-    cupy.get_default_memory_pool().free_all_blocks()
+    with on_device(device):
+        cupy.get_default_memory_pool().free_all_blocks()
     if pinned:
         cupy.get_default_pinned_memory_pool().free_all_blocks()

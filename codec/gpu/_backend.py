@@ -462,18 +462,23 @@ def pinned_host(nbytes: int) -> np.ndarray:
 
 
 def cuda_backend(device_id: int | None = None) -> CudaBackend:
-    """This thread's backend for a device (nvCOMP codecs are per thread)."""
+    """This thread's backend for a device (nvCOMP codecs are per thread); ``None``: the
+    thread's current CUDA device, asked at every call (``torch.cuda.device(n)`` or
+    ``cupy.cuda.Device(n)`` change it), so a thread that moves between GPUs codes on
+    the one it is on, not on the first it used."""
     cache = getattr(_local, "backends", None)
     if cache is None:
         cache = _local.backends = {}
-    key = device_id
-    b = cache.get(key)
-    if b is None:
-        try:
-            b = cache[key] = CudaBackend(device_id)
-        except ImportError as exc:
-            raise CodecUnavailableError(
-                f"the GPU codec needs cupy and nvidia-nvcomp: {exc}") from None
+    try:
+        if device_id is None:
+            import cupy
+            device_id = cupy.cuda.runtime.getDevice()
+        b = cache.get(device_id)
+        if b is None:
+            b = cache[device_id] = CudaBackend(device_id)
+    except ImportError as exc:
+        raise CodecUnavailableError(
+            f"the GPU codec needs cupy and nvidia-nvcomp: {exc}") from None
     return b
 
 
