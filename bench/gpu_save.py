@@ -230,6 +230,7 @@ def main() -> None:
 
 
 FLOOR = "the disk alone: s4fs.save's stored bytes written as its packs, no coding"
+_RANDOM = None              # random bytes disk_alone writes, made once per run
 
 
 def disk_alone(work: str, n: int) -> float:
@@ -252,9 +253,6 @@ def disk_alone(work: str, n: int) -> float:
         return time.perf_counter() - t0
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-_RANDOM = None
 
 
 def series(trainer: Trainer, work: str, local: str, n: int, between: int,

@@ -4,7 +4,7 @@
 # benchmark on a GPT trained there (bf16 weights + fp32 AdamW). Run from the repo root
 # with the offline kit (`bash ../shared/tools/make-offline-kit.sh`) and a weights subset
 # in .gpubench/ (MiniLM tensors, for the ingest sweep).
-# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|final8c|prof9|run9a|run9b|run9c|final9|run10a|run10b|final10|hold10|final10b|run11a|run11b|final11|tests12|run12a|final12|workers|workers-mount|codec]
+# Usage: run_h200_datapath.sh [cpu|mount|devices|devices-loads|devices-fill|devices-final|devices-profile|zero-blocks|zero-blocks-2|final|diag|prof|final8a|final8b|final8c|prof9|run9a|run9b|run9c|final9|run10a|run10b|final10|hold10|final10b|run11a|run11b|final11|tests12|run12a|final12|mends12|workers|workers-mount|codec]
 set -u
 source "$(dirname "$0")/_h200_env.sh"
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
@@ -168,6 +168,8 @@ run 480 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 2 --series 4 --between
 elif [ "$1" = final12 ]; then   # twelfth session's code (each thread's GPU work on its caller's device): GPU tests, then the saves
 run 150 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_gpu.py" "$R/tests/test_container_batch.py"
 run 330 python3 "$R/bench/gpu_save.py" --gib 1.7 --repeat 2 --series 3 --between 10 --work /tmp
+elif [ "$1" = mends12 ]; then   # twelfth session's review mends: the device-save tests
+run 120 $T "$R/tests/test_gpu_save.py"
 elif [ "$1" = hold10 ]; then   # tenth session: does memory held on the device slow the codec (one set vs three)
 for a in "--sets bf16" "--sets bf16,fp32,adam --only bf16" "--sets bf16 --hold 3" "--sets bf16" "--sets bf16,fp32,adam --only bf16" "--sets bf16 --hold 3"; do
 run 40 python3 "$R/bench/codec_gpu_host.py" $a --weights "$W" --chunking concat --top 0 --repeat 5

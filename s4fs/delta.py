@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from s4fs import keys
 from s4fs.errors import NotFound, S4Error
-from s4fs.manifest import ChunkRef, Manifest
+from s4fs.manifest import Manifest
 
 _log = logging.getLogger("s4fs.ingest")     # notes of the ingest, which codes the chunks
 
@@ -166,15 +166,17 @@ _unreadable: set = set()          # delta bases already warned about
 _notes = threading.local()        # a worker's notes for its parent (collecting_notes)
 
 
-def readable_base(base: ChunkRef, base_bytes) -> bytes | None:
-    """``base_bytes()``, or None when the base chunk cannot be had: its pack missing or
-    damaged, its planes needing a GPU this process lacks, the store failing. The new
-    chunk is then coded in full. A damaged old checkpoint must not stop the next one from
-    being saved; the old one still fails its own reads (never wrong bytes)."""
+def readable_base(base_bytes, what: str, key: str | None = None):
+    """``base_bytes()``, or None when the base (``what``: a chunk's pack, a file whose
+    chunks a batch decodes) cannot be had: a pack missing or damaged, planes needing a
+    GPU this process lacks, the store failing. What would have been coded against it is
+    then coded in full, and :func:`note_unreadable_base` warns (once per ``key``). A
+    damaged old checkpoint must not stop the next one from being saved; the old one
+    still fails its own reads (never wrong bytes)."""
     try:
         return base_bytes()
     except (S4Error, OSError) as exc:
-        note_unreadable_base(f"pack {base.pack}", f"{type(exc).__name__}: {exc}")
+        note_unreadable_base(what, f"{type(exc).__name__}: {exc}", key=key)
         return None
 
 

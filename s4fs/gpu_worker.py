@@ -128,7 +128,7 @@ def delta_prep(data, base: ChunkRef | None, cfg: IngestConfig, base_bytes):
     (No checksum of ``data`` here: the device computes every coded chunk's.)"""
     if not delta_candidate(base, len(data), cfg):
         return None
-    raw = readable_base(base, base_bytes)       # None: unreadable, coded whole
+    raw = readable_base(base_bytes, f"pack {base.pack}")   # None: unreadable, coded whole
     if raw is None:
         return None
     if raw == data:

@@ -72,7 +72,7 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     device = cfg.device if device is None else device
     if not delta_candidate(base, len(data), cfg):
         return codec.compress(data, dtype, device=device), FULL
-    base_raw = readable_base(base, base_bytes)
+    base_raw = readable_base(base_bytes, f"pack {base.pack}")
     if base_raw is None:
         return codec.compress(data, dtype, device=device), FULL
     if base.checksum == checksum and base_raw == data:

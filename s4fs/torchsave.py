@@ -519,15 +519,12 @@ class _DeviceSave:
         refs = [ref for _, _, ref in batch if ref is not None]
         if not refs:
             return [None] * len(batch)
-        from s4fs.delta import note_unreadable_base
+        from s4fs.delta import readable_base
         from s4fs.reader import decode_on_gpu
-        try:
-            decoded = decode_on_gpu(self.fs.source, refs)   # complete when it returns
-        except (S4Error, OSError) as exc:
-            # a damaged older checkpoint must not stop this one: the batch is coded in
-            # full (s4fs.delta.readable_base's rule)
-            note_unreadable_base(f"file {self.base_info['path']}",
-                                 f"{type(exc).__name__}: {exc}", key=self.base_info["id"])
+        # complete when it returns; None (a damaged older checkpoint): coded in full
+        decoded = readable_base(lambda: decode_on_gpu(self.fs.source, refs),
+                                f"file {self.base_info['path']}", key=self.base_info["id"])
+        if decoded is None:
             return [None] * len(batch)
         return [("delta", decoded[ref.key()]) if ref is not None else None
                 for _, _, ref in batch]

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from s4fs.codec import gpu  # noqa: E402
+from store_damage import damage_packs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not (torch.cuda.is_available() and gpu.is_available()),
@@ -226,13 +227,10 @@ def test_a_damaged_base_does_not_stop_the_next_cuda_save(tmp_path, monkeypatch, 
     device save decodes them as bases) or deleted (the base is passed over): the next
     save of CUDA state still commits, coded in full, warns once naming `s4fs verify`,
     and is torch.save's file; the damaged checkpoint still refuses to read."""
-    import sys
     import s4fs
     from s4fs import delta
     from s4fs.errors import S4Error
     from s4fs.stores import LocalStore
-    sys.path.insert(0, os.path.dirname(__file__))
-    from store_damage import damage_packs
     monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)   # the damage came long after
     store = _store(tmp_path)
     torch.manual_seed(7)
