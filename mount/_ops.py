@@ -66,12 +66,16 @@ class S4Operations(pyfuse3.Operations):
         self._next_inode = pyfuse3.ROOT_INODE + 1
         self._handles: dict[int, object] = {}
         self._handle_locks: dict[int, trio.Lock] = {}
+        self._fh_inodes: dict[int, int] = {}
         self._next_fh = 1
         # files appear owned by this user (the training job's, when the daemon runs as a
         # service user); permissions are then checked by the kernel (default_permissions)
         self._uid = os.getuid() if uid is None else uid
         self._gid = os.getgid() if gid is None else gid
-        self._seen_ids: dict[str, str] = {}     # path -> manifest id last served to the kernel
+        # files whose path is gone (unlinked, renamed over) but still open: the kernel
+        # asks their attributes by inode (fstat, reads) until the last close
+        self._open_nodes: dict[int, tuple[object, int]] = {}    # inode -> (node, opens)
+        fs.on_invalidate = self._invalidate
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -105,26 +109,27 @@ class S4Operations(pyfuse3.Operations):
                 self._paths[ino] = path
             return ino
 
-    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+    def _entry(self, a: Attr, inode: int | None = None) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
-        e.st_ino = self._inode(a.path)
+        e.st_ino = self._inode(a.path) if inode is None else inode
         e.st_mode = a.mode if a.mode & 0o170000 else (st.S_IFDIR if a.is_dir else st.S_IFREG) | a.mode
         e.st_nlink = 2 if a.is_dir else 1
         e.st_uid, e.st_gid = self._uid, self._gid
         e.st_size = a.size
         e.st_blksize = 1 << 20
         e.st_blocks = (a.stored if a.stored else a.size) // 512 + 1 if a.size else 0
-        ns = int(a.mtime * 1e9)
-        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = ns
+        e.st_atime_ns, e.st_mtime_ns, e.st_ctime_ns = a.times_ns()
         e.attr_timeout = self.attr_timeout
         e.entry_timeout = self.attr_timeout
         return e
 
-    def _new_fh(self, handle) -> int:
+    def _new_fh(self, handle, inode: int | None = None) -> int:
         with self._lock:
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = handle
+            if inode is not None:
+                self._fh_inodes[fh] = inode
             self._handle_locks[fh] = trio.Lock()
             return fh
 
@@ -154,23 +159,43 @@ class S4Operations(pyfuse3.Operations):
 
     @_fuse_errors
     async def getattr(self, inode, ctx=None):
-        return self._entry(await self._run(self.fs.stat, self._path(inode)))
+        path = self._paths.get(inode)
+        if path is None:
+            held = self._open_nodes.get(inode)
+            if held is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            e = self._entry(await self._run(self.fs.node_attr, held[0]), inode)
+            e.st_nlink = 0                 # unlinked (or renamed over) and still open
+            return e
+        return self._entry(await self._run(self.fs.stat, path))
 
     @_fuse_errors
     async def setattr(self, inode, attr, fields, fh, ctx):
-        path = self._path(inode)
+        path = self._paths.get(inode)
+        gone = self._open_nodes.get(inode) if path is None else None
+        if path is None and gone is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
         kw = {}
         if fields.update_size:
             kw["size"] = attr.st_size
         if fields.update_mode:
             kw["mode"] = attr.st_mode
         if fields.update_mtime:
-            kw["mtime"] = attr.st_mtime_ns / 1e9
+            kw["mtime_ns"] = attr.st_mtime_ns
+        if fields.update_atime:               # the kernel never sends one for a read
+            kw["atime_ns"] = attr.st_atime_ns
         handle = self._handles.get(fh) if fh is not None else None
         if kw:
             if not isinstance(handle, WriteHandle) or \
                     not await self._run(handle.set_attrs, **kw):
+                if gone is not None:
+                    # unlinked while open, changed through no descriptor of its writer:
+                    # nothing of it is stored any more (as on a local disk, it is lost
+                    # at the last close)
+                    raise pyfuse3.FUSEError(errno.ENOENT)
                 await self._run(self.fs.set_attrs, path, **kw)
+        if gone is not None:
+            return await self.getattr(inode)
         return self._entry(await self._run(self.fs.stat, path))
 
     @_fuse_errors
@@ -246,28 +271,26 @@ class S4Operations(pyfuse3.Operations):
         acc = flags & os.O_ACCMODE
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
-            info = pyfuse3.FileInfo(fh=self._new_fh(handle))
-            mid = handle.version
-            # the kernel may keep cached pages only if the file is the version it cached
-            info.keep_cache = mid is not None and self._seen_ids.get(path) == mid
-            if mid is not None:
-                self._seen_ids[path] = mid
-            return info
+            self._hold(inode, handle.node)
+            # the core says whether the kernel's pages are the version this open reads
+            return pyfuse3.FileInfo(fh=self._new_fh(handle, inode),
+                                    keep_cache=handle.keep_cache)
         # create=True: the kernel may still hold an entry for a file whose first save
         # failed (never committed); opening it for writing starts it afresh
         handle = await self._run(self.fs.open_write, path,
                                  truncate=bool(flags & os.O_TRUNC), create=True)
-        self._seen_ids.pop(path, None)
-        return pyfuse3.FileInfo(fh=self._new_fh(handle))
+        self._hold(inode, handle.node)
+        return pyfuse3.FileInfo(fh=self._new_fh(handle, inode))
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
         handle = await self._run(self.fs.open_write, path, truncate=True, create=True,
                                  exclusive=bool(flags & os.O_EXCL), mode=mode)
-        self._seen_ids.pop(path, None)
-        fh = self._new_fh(handle)
-        return pyfuse3.FileInfo(fh=fh), self._entry(await self._run(self.fs.stat, path))
+        entry = self._entry(await self._run(self.fs.stat, path))
+        self._hold(entry.st_ino, handle.node)
+        fh = self._new_fh(handle, entry.st_ino)
+        return pyfuse3.FileInfo(fh=fh), entry
 
     @_fuse_errors
     async def read(self, fh, off, size):
@@ -286,9 +309,6 @@ class S4Operations(pyfuse3.Operations):
         if isinstance(handle, WriteHandle):
             async with self._handle_locks[fh]:
                 await self._run(handle.flush)
-            # close() returns after this, and the kernel sends the release later: an open
-            # in between must already know the pages it holds are the committed version
-            self._saw_commit(handle)
 
     @_fuse_errors
     async def fsync(self, fh, datasync):
@@ -304,19 +324,49 @@ class S4Operations(pyfuse3.Operations):
             if handle is not None:
                 async with self._handle_locks[fh]:
                     await self._run(handle.release)
-                if isinstance(handle, WriteHandle):
-                    self._saw_commit(handle)
         finally:
             self._forget_fh(fh)
 
-    def _saw_commit(self, handle) -> None:
-        """The kernel's page cache holds what was written: if that is exactly the
-        committed version, the next open may keep it."""
-        vid = handle.committed_id()
-        if vid is not None:
-            self._seen_ids[handle.path] = vid
+    # --- open files and the kernel's page cache ------------------------------------
+
+    def _hold(self, inode: int, node) -> None:
+        """A descriptor of ``node`` is open under ``inode``."""
+        if node is None:
+            return
+        with self._lock:
+            node.cache_key = inode
+            _, opens = self._open_nodes.get(inode, (node, 0))
+            self._open_nodes[inode] = (node, opens + 1)
+
+    def _let_go(self, inode: int) -> None:
+        with self._lock:
+            held = self._open_nodes.get(inode)
+            if held is None:
+                return
+            if held[1] <= 1:
+                del self._open_nodes[inode]
+            else:
+                self._open_nodes[inode] = (held[0], held[1] - 1)
+
+    def _invalidate(self, node) -> None:
+        """The core says the kernel's pages of ``node`` may not be its bytes: drop
+        them. From a thread of its own: the kernel waits for pages that reads in flight
+        hold, and those reads need this daemon to answer."""
+        inode = node.cache_key
+        if inode is None:
+            return
+
+        def drop():
+            try:
+                pyfuse3.invalidate_inode(inode, attr_only=False)
+            except (OSError, pyfuse3.FUSEError) as exc:   # gone from the kernel already
+                log.debug("invalidating inode %d: %s", inode, exc)
+        threading.Thread(target=drop, daemon=True, name="s4fs-invalidate").start()
 
     def _forget_fh(self, fh) -> None:
         with self._lock:
             self._handles.pop(fh, None)
             self._handle_locks.pop(fh, None)
+            inode = self._fh_inodes.pop(fh, None)
+        if inode is not None:
+            self._let_go(inode)

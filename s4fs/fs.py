@@ -28,14 +28,16 @@ from dataclasses import dataclass, field
 from s4fs import keys, sealed
 from s4fs.codec import _device
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
-                         InvalidArgument, IsADirectory, NotADirectory, NotFound)
+                         InvalidArgument, IsADirectory, NotADirectory, NotFound, S4Error)
 from s4fs.ingest import IngestConfig, IngestSession
-from s4fs.manifest import Manifest
+from s4fs.manifest import Manifest, seconds_to_ns
+from s4fs.node import FileNode, NodeReader
 from s4fs.reader import ChunkSource, FileReader, ReadHandle
 from s4fs.stores import LocalStore, Store
 from s4fs.writer import State, WriteHandle
 
-__all__ = ["Attr", "Filesystem", "FsConfig", "ReadHandle", "State", "WriteHandle"]
+__all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
+           "WriteHandle"]
 
 log = logging.getLogger("s4fs.fs")
 
@@ -68,12 +70,21 @@ class Attr:
     is_dir: bool
     size: int
     mode: int
-    mtime: float
+    mtime: float                   # seconds; ``mtime_ns`` is exact where known
     stored: int = 0
+    mtime_ns: int | None = None
+    atime_ns: int | None = None    # set explicitly (utime); None: the mtime (noatime)
+    ctime_ns: int | None = None    # last change of content or attributes; None: the mtime
 
     @property
     def name(self) -> str:
         return keys.basename(self.path)
+
+    def times_ns(self) -> tuple[int, int, int]:
+        """(atime, mtime, ctime) in nanoseconds, each falling back to the mtime."""
+        mtime = self.mtime_ns if self.mtime_ns is not None else seconds_to_ns(self.mtime)
+        return (mtime if self.atime_ns is None else self.atime_ns, mtime,
+                mtime if self.ctime_ns is None else self.ctime_ns)
 
 
 class Filesystem:
@@ -119,6 +130,13 @@ class Filesystem:
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
         self._fills: dict[str, object] = {}          # versions being decoded ahead
+        # the files of this mount by path (s4fs.node): what every descriptor of a file
+        # reads, and what the kernel may keep cached of it
+        self._nodes: dict[str, FileNode] = {}
+        self._pinned: set[FileNode] = set()          # detached, still read, packs pinned
+        # set by the FUSE adapter: drop the kernel's cached pages of a node (from any
+        # thread; must not block on the kernel)
+        self.on_invalidate = None
         from s4fs.committer import Committer
         from s4fs.journal import Journal
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
@@ -132,7 +150,10 @@ class Filesystem:
         try:
             data = self.store.get(keys.ROOT_MARKER)
         except _NF:
-            self.store.put(keys.ROOT_MARKER, sealed.store_marker(STORE_FORMAT))
+            # the root's times (and those of folders that record none): when it was made
+            self._root_ns = time.time_ns()
+            self.store.put(keys.ROOT_MARKER,
+                           sealed.store_marker({**STORE_FORMAT, "created_ns": self._root_ns}))
             return
         doc = sealed.read_store_marker(
             data, f"store marker (object {keys.ROOT_MARKER!r} in {self.store.url})")
@@ -140,6 +161,10 @@ class Filesystem:
             raise UnsupportedVersionError(
                 f"{self.store.url} holds an s4fs store of version {doc.get('version')}; "
                 f"this s4fs reads version {STORE_FORMAT['version']}: upgrade s4fs")
+        created = doc.get("created_ns")
+        # a store made before s4fs recorded it: the marker object's time (its one put)
+        self._root_ns = created if type(created) is int else \
+            seconds_to_ns(self.store.head(keys.ROOT_MARKER).mtime)
 
     def close(self) -> None:
         """Unmount: a writeback mount first waits (``close_sync_seconds``) for pending
@@ -150,6 +175,10 @@ class Filesystem:
             writers = list(self._writers.values())
         for w in writers:
             w.detach()
+        with self._lock:
+            pinned, self._pinned = list(self._pinned), set()
+        for node in pinned:
+            self._unpin(node.pin)
         self.committer.close()
         self.source.close()
         os.close(self._cache_lock)
@@ -176,6 +205,7 @@ class Filesystem:
                 old.detach()
             with self._lock:
                 self._writers[e.path] = w
+                self._attach_writer(e.path, w)
             log.warning("replaying %r (%d bytes) accepted before the mount stopped",
                         e.path, e.size)
             self.committer.submit(w)
@@ -253,6 +283,11 @@ class Filesystem:
         self._ensure_parents(path)
         self.store.put(keys.file_key(path), m.to_bytes())
         self._remember(path, m)
+        with self._lock:
+            node = self._nodes.get(path)
+            if node is not None:
+                node.version = m
+                node.changed()
 
     def _ensure_parents(self, path: str) -> None:
         p = keys.parent(path)
@@ -264,7 +299,7 @@ class Filesystem:
             if not self._has_dir_marker(d):
                 if self._manifest_or_none(d) is not None:
                     raise NotADirectory(f"{d!r} is a file, not a directory")
-                self.store.put(keys.dir_key(d), sealed.dir_marker())
+                self.store.put(keys.dir_key(d), sealed.dir_marker(mtime_ns=time.time_ns()))
             self._known_dirs.add(d)
 
     # --- namespace -------------------------------------------------------------------
@@ -274,15 +309,33 @@ class Filesystem:
         with self._lock:
             w = self._writers.get(path)
         if w is not None:
-            return Attr(path, False, w.size, w.mode, w.mtime)
+            return _writer_attr(path, w)
         if path == "":
-            return Attr("", True, 0, st.S_IFDIR | 0o755, 0.0)
+            return Attr("", True, 0, st.S_IFDIR | 0o755, self._root_ns / 1e9, 0,
+                        self._root_ns)
         m = self._manifest_or_none(path)
         if m is not None:
-            return Attr(path, False, m.size, m.mode, m.mtime, m.stored_bytes())
-        if self._is_dir(path):
-            return Attr(path, True, 0, st.S_IFDIR | 0o755, 0.0)
-        raise NotFound(f"no such file or directory: {path!r}")
+            return _version_attr(path, m)
+        # a folder: the times its marker records (one read serves both questions, as
+        # in _is_dir); one without a marker, or whose marker records none, shows the
+        # store's creation time
+        try:
+            marker = self.store.get(keys.dir_key(path))
+        except NotFound:
+            marker = None
+        if marker is not None:
+            times = sealed.read_dir_marker(marker, f"marker of directory {path!r} (object "
+                                                   f"{keys.dir_key(path)!r} in "
+                                                   f"{self.store.url})")
+        elif self._has_children(path):
+            times = {}
+        else:
+            self._known_dirs.discard(path)
+            raise NotFound(f"no such file or directory: {path!r}")
+        self._known_dirs.add(path)
+        mtime = times.get("mtime_ns", self._root_ns)
+        return Attr(path, True, 0, st.S_IFDIR | 0o755, mtime / 1e9, 0, mtime,
+                    times.get("atime_ns"), times.get("ctime_ns"))
 
     def exists(self, path: str) -> bool:
         try:
@@ -345,7 +398,7 @@ class Filesystem:
         parent = keys.parent(path)
         if not self.stat(parent).is_dir:
             raise NotADirectory(f"{parent!r} is not a directory")
-        self.store.put(keys.dir_key(path), sealed.dir_marker())
+        self.store.put(keys.dir_key(path), sealed.dir_marker(mtime_ns=time.time_ns()))
         self._known_dirs.add(path)
 
     def rmdir(self, path: str) -> None:
@@ -366,8 +419,11 @@ class Filesystem:
             raise IsADirectory(f"{path!r} is a directory")
         with self._lock:
             w = self._writers.pop(path, None)
+            node = self._nodes.pop(path, None)
         if w is not None:
             w.orphan()
+        if node is not None:
+            self._detach(node)           # first: its readers' packs are pinned
         self.store.delete(keys.file_key(path))
         self._remember(path, None)
 
@@ -404,6 +460,13 @@ class Filesystem:
             displaced = self._writers.pop(new, None)
             if w is not None:
                 self._writers[new] = w
+            node = self._nodes.pop(old, None)
+            gone = self._nodes.pop(new, None)
+            if node is not None:
+                node.path = new
+                self._nodes[new] = node
+        if gone is not None and gone is not node:
+            self._detach(gone)           # the replaced file's readers keep reading it
         if displaced is not None and displaced is not w:
             # the file being replaced may still be open (or closing): as on a local
             # disk, what is written to it later goes nowhere
@@ -437,6 +500,10 @@ class Filesystem:
                     w = self._writers.pop(p)
                     self._writers[new + p[len(old):]] = w
                     moved.append((w, new + p[len(old):]))
+            for p in [p for p in self._nodes if p.startswith(old + "/")]:
+                node = self._nodes.pop(p)
+                node.path = new + p[len(old):]
+                self._nodes[node.path] = node
             self._manifests.clear()
         for w, p in moved:
             if not w.moved(p):
@@ -445,21 +512,34 @@ class Filesystem:
         self._known_dirs = {d for d in self._known_dirs if d != old and not d.startswith(old + "/")}
 
     def set_attrs(self, path: str, *, mode: int | None = None, mtime: float | None = None,
-                  size: int | None = None) -> Attr:
-        """chmod / utime / truncate of a path (not through an open handle)."""
+                  size: int | None = None, mtime_ns: int | None = None,
+                  atime_ns: int | None = None) -> Attr:
+        """chmod / utime / truncate of a path (not through an open handle). Times: the
+        mtime as ``mtime_ns`` (exact) or ``mtime`` (seconds), the atime as ``atime_ns``."""
         path = keys.norm(path)
+        if mtime is not None and mtime_ns is None:
+            mtime_ns = seconds_to_ns(mtime)
+        times = {"mtime_ns": mtime_ns, "atime_ns": atime_ns}
         with self._lock:
             w = self._writers.get(path)
-        if w is not None and w.set_attrs(mode=mode, mtime=mtime, size=size):
+        if w is not None and w.set_attrs(mode=mode, size=size, **times):
             return self.stat(path)
         a = self.stat(path)
         if a.is_dir:
-            return a          # directory modes/times are not stored
+            # a folder keeps its times in its marker (its mode is not stored: 0755)
+            if path and (mtime_ns is not None or atime_ns is not None):
+                self.store.put(keys.dir_key(path), sealed.dir_marker(
+                    mtime_ns=a.mtime_ns if mtime_ns is None else mtime_ns,
+                    atime_ns=a.atime_ns if atime_ns is None else atime_ns,
+                    ctime_ns=time.time_ns()))
+                self._known_dirs.add(path)
+                return self.stat(path)
+            return a
         if size == 0 and a.size > 0:
             old = self.manifest(path, fresh=True)
             h = self.open_write(path, truncate=True)
             try:
-                h.set_attrs(mode=mode, mtime=mtime)
+                h.set_attrs(mode=mode, **times)
                 h.fsync()
             finally:
                 h.release()
@@ -470,17 +550,20 @@ class Filesystem:
             h = self.open_write(path, truncate=False)
             try:
                 h.truncate(size)
-                h.set_attrs(mode=mode, mtime=mtime)
+                h.set_attrs(mode=mode, **times)
                 h.fsync()
             finally:
                 h.release()
             return self.stat(path)
-        if mode is not None or mtime is not None:
+        if mode is not None or mtime_ns is not None or atime_ns is not None:
             m = self.manifest(path, fresh=True)
             if mode is not None:
                 m.mode = (m.mode & ~0o7777) | (mode & 0o7777)
-            if mtime is not None:
-                m.mtime = mtime
+            if mtime_ns is not None:
+                m.mtime, m.mtime_ns = mtime_ns / 1e9, mtime_ns
+            if atime_ns is not None:
+                m.atime_ns = atime_ns
+            m.ctime_ns = time.time_ns()
             self.commit(path, m)
         return self.stat(path)
 
@@ -491,30 +574,154 @@ class Filesystem:
 
     # --- files -----------------------------------------------------------------------
 
-    def open_read(self, path: str) -> ReadHandle:
+    def open_read(self, path: str) -> NodeReader:
+        """A descriptor reading ``path``'s file (s4fs.node: it follows the file, not one
+        version); ``keep_cache`` on it says whether the kernel may keep its pages."""
         path = keys.norm(path)
         with self._lock:
             w = self._writers.get(path)
-        fd = w.reader_fd() if w is not None else None
-        if fd is not None:
-            # being written on this mount: read what is written so far, from its spool
-            # (which may already be exactly the committed version: the release of a
-            # closed file comes after close() returns)
-            return ReadHandle(staged_fd=fd, size_fn=lambda: w.size, path=path,
-                              version=w.committed_id())
-        m = self._manifest_or_none(path)
+        m = None
+        if w is None:
+            m = self._manifest_or_none(path)
+            if m is None:
+                if path and self._is_dir(path):
+                    raise IsADirectory(f"{path!r} is a directory")
+                raise NotFound(f"no file {path!r}")
+        with self._lock:
+            node = self._node(path)
+            if node.writer is None and m is not None and \
+                    (node.version is None or node.version.id != m.id):
+                node.version = m          # first open, or another mount committed anew
+                node.changed()
+            node.readers += 1
+        try:
+            view, gen = self._view_of(node)
+            if view is None:
+                raise NotFound(f"no file {path!r}")
+        except BaseException:
+            self._reader_gone(node)
+            raise
+        with self._lock:
+            keep = node.open_verdict(view.version)
+        return NodeReader(node, view, gen, keep, self._view_of, _note_read,
+                          self._reader_gone)
+
+    def node_attr(self, node: FileNode) -> Attr:
+        """The attributes of ``node``'s file, also once its path is gone (``fstat`` of a
+        descriptor whose file was unlinked or renamed over)."""
+        with self._lock:
+            w, m, path = node.writer, node.version, node.path
+        if w is not None:
+            return _writer_attr(path, w)
+        if m is not None:
+            return _version_attr(path, m)
+        raise NotFound(f"no file {path!r}")
+
+    def _node(self, path: str) -> FileNode:
+        """(Under ``_lock``.) The node of ``path``, made on first use."""
+        node = self._nodes.get(path)
+        if node is None:
+            node = self._nodes[path] = FileNode(path)
+        return node
+
+    def _view_of(self, node: FileNode) -> tuple[ReadHandle | None, int]:
+        """What ``node`` is now, as a view to read it through, with the generation it
+        is of; None when it has no content (the caller keeps what it had)."""
+        while True:
+            with self._lock:
+                gen, w, m, path = node.gen, node.writer, node.version, node.path
+            if w is None:
+                break
+            fd = w.reader_fd()        # waits for a commit in progress
+            if fd is not None:
+                # being written on this mount: what is written so far, from its spool
+                # (which may already be exactly the committed version: the release of a
+                # closed file comes after close() returns)
+                return ReadHandle(staged_fd=fd, size_fn=lambda: w.size, path=path,
+                                  version=w.committed_id()), gen
+            with self._lock:
+                if node.writer is w:      # closed, and not yet let go of: its version
+                    gen, m = node.gen, node.version
+                    break
         if m is None:
-            if path and self._is_dir(path):
-                raise IsADirectory(f"{path!r} is a directory")
-            raise NotFound(f"no file {path!r}")
+            return None, gen
         if self.decoded is not None:
             fd = self.decoded.open(m.id)
             if fd is not None:
                 # written (or read whole) on this machine: the exact bytes, on local disk
                 return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
-                                  manifest=m, on_bad=lambda: self.decoded.discard(m.id))
+                                  manifest=m, on_bad=lambda: self.decoded.discard(m.id)), gen
         return ReadHandle(FileReader(m, self.source, path=path), path=path, manifest=m,
-                          fill_fn=lambda: self.fill_for(m), fill_at_once=self._gpu_worker)
+                          fill_fn=lambda: self.fill_for(m),
+                          fill_at_once=self._gpu_worker), gen
+
+    def _reader_gone(self, node: FileNode) -> None:
+        with self._lock:
+            node.readers -= 1
+            pin = None
+            if node.readers <= 0 and node.pin is not None:
+                pin, node.pin = node.pin, None
+                self._pinned.discard(node)
+        if pin is not None:
+            self._unpin(pin)
+
+    def _detach(self, node: FileNode) -> None:
+        """``node``'s path was unlinked or renamed over: its readers keep the version
+        they read, so its packs are pinned (a manifest under ``pins/``, which garbage
+        collection counts as live) until the last of them closes."""
+        with self._lock:
+            node.detached = True
+            m = node.version if node.readers > 0 and node.pin is None else None
+        if m is None:
+            return
+        key = keys.new_pin_key()
+        try:
+            self.store.put(key, m.to_bytes())
+        except S4Error as exc:
+            log.warning("%s: could not pin the packs of the version its open readers "
+                        "read (%s); a garbage collection meanwhile may free them", node.path,
+                        exc)
+            return
+        with self._lock:
+            if node.readers > 0:
+                node.pin = key
+                self._pinned.add(node)
+                key = None
+        if key is not None:
+            self._unpin(key)
+
+    def _unpin(self, key: str) -> None:
+        try:
+            self.store.delete(key)
+        except S4Error as exc:
+            log.warning("could not remove the pin %s (%s); garbage collection ignores it "
+                        "once it is older than %d days", key, exc, keys.PIN_DAYS)
+
+    def saw_commit(self, w: WriteHandle, m: Manifest) -> None:
+        """``w`` committed ``m``, exactly the bytes written through it (so through the
+        kernel, whose pages are then ``m``) — unless another descriptor read the file
+        while it was being written: then the kernel is told to drop its pages."""
+        with self._lock:
+            node = w.node
+            if node is None or node.writer is not w or node.detached:
+                return
+            drop = node.read_while_written
+            node.read_while_written = False
+            node.kernel_id = None if drop else m.id
+        if drop:
+            self._invalidate(node)
+
+    def _invalidate(self, node: FileNode) -> None:
+        if self.on_invalidate is not None:
+            self.on_invalidate(node)
+
+    def _attach_writer(self, path: str, w: WriteHandle) -> None:
+        """(Under ``_lock``.) ``w`` writes ``path``'s file in place from now on."""
+        node = self._node(path)
+        node.writer = w
+        node.read_while_written = False
+        node.changed()
+        w.node = node
 
     def fill_for(self, m: Manifest):
         """Decode version ``m`` ahead into the decoded cache, in the worker processes or
@@ -601,6 +808,7 @@ class Filesystem:
             other = self._writers.get(path)
             if other is None:
                 self._writers[path] = w
+                self._attach_writer(path, w)
                 return w
         # another open of the same path won the race: share its handle instead
         w.abort()
@@ -608,14 +816,31 @@ class Filesystem:
                                exclusive=exclusive, mode=mode)
 
     def _drop_writer(self, path: str, w: WriteHandle) -> None:
+        self._writer_gone(w, path)
+
+    def _release_writer(self, w: WriteHandle) -> None:
+        self._writer_gone(w, w.path)
+
+    def _writer_gone(self, w: WriteHandle, path: str) -> None:
+        """``w`` closed (or failed): its file is its last committed version again. If
+        the bytes it took are no committed version (a failed save), the kernel's pages
+        of them are dropped."""
+        cid = w.committed_id()
         with self._lock:
             if self._writers.get(path) is w:
                 del self._writers[path]
-
-    def _release_writer(self, w: WriteHandle) -> None:
-        with self._lock:
-            if self._writers.get(w.path) is w:
-                del self._writers[w.path]
+            node = w.node
+            if node is None or node.writer is not w:
+                return
+            node.writer = None
+            if node.detached:
+                return                   # its readers keep what they read
+            node.changed()
+            drop = cid is None
+            if drop:
+                node.kernel_id = None
+        if drop:
+            self._invalidate(node)
 
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
@@ -637,6 +862,25 @@ class Filesystem:
 
 
 TEMP_CACHE_PREFIX = "s4fs-cache-"
+
+
+def _writer_attr(path: str, w: WriteHandle) -> Attr:
+    """A file being written: its spool's size, the handle's mode and times."""
+    return Attr(path, False, w.size, w.mode, w.mtime, 0, w.mtime_ns, w.atime_ns,
+                w.ctime_ns)
+
+
+def _version_attr(path: str, m: Manifest) -> Attr:
+    """A committed version."""
+    atime, mtime, ctime = m.times_ns()
+    return Attr(path, False, m.size, m.mode, m.mtime, m.stored_bytes(), mtime, atime, ctime)
+
+
+def _note_read(node: FileNode) -> None:
+    """A read reached the filesystem: if the file is being written meanwhile, the
+    kernel's pages are not only the writer's (s4fs.node)."""
+    if node.writer is not None:
+        node.read_while_written = True
 
 
 def _sweep_stale_temp_caches() -> None:

@@ -4,7 +4,8 @@ A pack is live when any manifest under ``files/`` references it, directly or thr
 delta base chain (manifests carry their whole chains inline, so deleting a base
 checkpoint never frees what a newer delta needs). Unreferenced packs younger than the
 grace period are kept: they may belong to a save still in flight on this or another
-node (a manifest is written only after all its packs).
+node (a manifest is written only after all its packs). Packs of a file that was deleted
+while a mount still had it open stay live while its pin does (``pins/``, s4fs.keys).
 """
 
 from __future__ import annotations
@@ -42,7 +43,25 @@ def live_packs(store: Store) -> tuple[set[str], int]:
             raise               # never free anything while a manifest is unreadable
         live |= m.packs()
         n += 1
+    live |= pinned_packs(store)
     return live, n
+
+
+def pinned_packs(store: Store, now: float | None = None) -> set[str]:
+    """Packs of files unlinked or renamed over while a mount had them open (``pins/``,
+    s4fs.keys); a pin older than ``keys.PIN_DAYS`` is from a mount that died and keeps
+    nothing."""
+    now = time.time() if now is None else now
+    live: set[str] = set()
+    for obj in store.list(keys.PINS):
+        if now - obj.mtime > keys.PIN_DAYS * 86400:
+            continue
+        try:
+            m = Manifest.from_bytes(store.get(obj.key), where=obj.key)
+        except NotFound:
+            continue            # its reader closed while we listed
+        live |= m.packs()
+    return live
 
 
 def collect(store: Store, *, grace: float = 6 * 3600, dry_run: bool = False,

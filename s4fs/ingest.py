@@ -29,7 +29,7 @@ from s4fs import codec, keys, metrics
 from s4fs.codec import _device
 from s4fs.delta import note_unreadable_base, readable_base, saw_pack
 from s4fs.errors import CodecError
-from s4fs.manifest import ChunkRef, Manifest, Stream
+from s4fs.manifest import ChunkRef, Manifest, Stream, seconds_to_ns
 from s4fs.stores import Store
 
 
@@ -421,8 +421,10 @@ class IngestSession:
 
     # --- end ---------------------------------------------------------------------------
 
-    def finish(self, *, mode: int = 0o100644, mtime: float | None = None) -> Manifest:
-        """Flush everything, wait until every pack is stored, and return the manifest."""
+    def finish(self, *, mode: int = 0o100644, mtime: float | None = None,
+               mtime_ns: int | None = None, atime_ns: int | None = None) -> Manifest:
+        """Flush everything, wait until every pack is stored, and return the manifest
+        (its mtime ``mtime_ns``, else ``mtime`` in seconds, else now)."""
         self._route(self.parser.finish())
         self._end_tensor()
         if self._proc is not None:
@@ -447,8 +449,12 @@ class IngestSession:
         except Exception:
             pass
         streams = self._streams
+        now = time.time_ns()
+        if mtime_ns is None:
+            mtime_ns = now if mtime is None else seconds_to_ns(mtime)
         return Manifest(size=self.size, xxh128=self._hash.hexdigest(),
-                        mtime=time.time() if mtime is None else mtime, mode=mode,
+                        mtime=mtime_ns / 1e9, mtime_ns=mtime_ns, atime_ns=atime_ns,
+                        ctime_ns=now, mode=mode,
                         kind=getattr(self.parser, "format", "raw"), id=uuid.uuid4().hex,
                         streams=streams, extents=[tuple(e) for e in self._extents],
                         names=names, own_packs=list(self.packs.keys) +

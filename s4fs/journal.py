@@ -7,7 +7,8 @@ file gets one small JSON entry here, written atomically (temp file, fsync, renam
 
     <cache_dir>/journal/<spool name>.json
         {"version": 1, "path": "run7/ckpt_100.pt", "spool": "<cache_dir>/spool/spool-…",
-         "mode": 33188, "mtime": 1764576000.0, "size": 123, "accepted": 1764576001.2}
+         "mode": 33188, "mtime": 1764576000.0, "size": 123, "accepted": 1764576001.2,
+         "mtime_ns": 1764576000000000000, "atime_ns": null}     # (the last two: optional)
 
 At start a mount replays every entry whose spool is still there: the file is shown (and
 readable) again at once and committed in the background. What it guarantees: nothing
@@ -39,6 +40,8 @@ class Entry:
     mtime: float
     size: int
     accepted: float
+    mtime_ns: int | None = None     # exact; absent in entries of older s4fs
+    atime_ns: int | None = None
 
 
 class Journal:
@@ -51,7 +54,8 @@ class Journal:
 
     def record(self, e: Entry) -> None:
         doc = {"version": VERSION, "path": e.path, "spool": e.spool, "mode": e.mode,
-               "mtime": e.mtime, "size": e.size, "accepted": e.accepted}
+               "mtime": e.mtime, "size": e.size, "accepted": e.accepted,
+               "mtime_ns": e.mtime_ns, "atime_ns": e.atime_ns}
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".entry-")
         replace_from_temp(fd, tmp, self._file(e.spool), json.dumps(doc).encode())
 
@@ -76,7 +80,8 @@ class Journal:
                     raise ValueError(f"journal version {doc.get('version')}")
                 out.append(Entry(doc["path"], doc["spool"], int(doc["mode"]),
                                  float(doc["mtime"]), int(doc["size"]),
-                                 float(doc["accepted"])))
+                                 float(doc["accepted"]), _ns(doc.get("mtime_ns")),
+                                 _ns(doc.get("atime_ns"))))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.error("journal entry %s cannot be replayed (%s); it is kept — its spool "
                           "holds the file's bytes", full, exc)
@@ -85,3 +90,8 @@ class Journal:
 
     def spools(self) -> set[str]:
         return {e.spool for e in self.entries()}
+
+
+def _ns(v) -> int | None:
+    """An optional nanosecond time of an entry (entries of older s4fs have none)."""
+    return None if v is None else int(v)

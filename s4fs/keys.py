@@ -5,6 +5,10 @@
 * ``dirs/<path>``     — a marker for each directory made with mkdir (or by a save).
 * ``packs/<id>``      — packs of compressed chunks, written once, never changed;
                         reclaimed by the garbage collector only.
+* ``pins/<id>``       — a copy of the manifest of a file that was unlinked or renamed
+                        over while a mount still had it open: its packs stay live for
+                        the garbage collector until the mount removes the pin (at the
+                        last close), or for ``PIN_DAYS`` if that mount died.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ ROOT_MARKER = "s4fs-store.json"
 FILES = "files/"
 DIRS = "dirs/"
 PACKS = "packs/"
+PINS = "pins/"
+PIN_DAYS = 7            # a pin older than this (its mount died) no longer keeps packs
 
 
 def norm(path: str) -> str:
@@ -49,6 +55,10 @@ def dir_key(path: str) -> str:
 
 def new_pack_key() -> str:
     return PACKS + uuid.uuid4().hex
+
+
+def new_pin_key() -> str:
+    return PINS + uuid.uuid4().hex
 
 
 def parent(path: str) -> str:

@@ -5,6 +5,7 @@ does not. It is a JSON document, zstd-compressed, versioned, and (from version 2
 with a checksum (:mod:`s4fs.sealed`, kind ``"manifest"``)::
 
     {"format": "s4fs-manifest", "version": 2, "size": ..., "xxh128": ..., "mtime": ...,
+     "mtime_ns": ..., "atime_ns": ..., "ctime_ns": ...,    # optional, see below
      "mode": ..., "kind": "torch-zip" | "safetensors" | "raw",
      "packs": [pack keys ...],              # every pack this file needs, bases included
      "own": <how many of the first packs this version wrote>,
@@ -18,6 +19,12 @@ A chunk ref is ``{"p": pack index, "o": offset, "n": stored length, "r": raw len
 carries its whole base chain inline, so a manifest never depends on another manifest
 (deleting a base checkpoint never breaks a delta: its packs stay referenced).
 Stream 0 is the "raw" stream holding every non-tensor byte of the file, in order.
+
+Times: ``"mtime"`` is seconds since the epoch as a JSON float (every s4fs writes it, so
+older readers keep working); the optional integers are nanoseconds: ``"mtime_ns"`` the
+exact mtime (a reader prefers it to ``"mtime"``), ``"atime_ns"`` an access time set
+explicitly (utime), ``"ctime_ns"`` when this version was made (a change of content or
+attributes). A manifest without them (older s4fs) reads with the mtime as the other two.
 
 Stored forms:
 
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, field
 
 import zstandard
@@ -52,8 +60,17 @@ FORMAT = "s4fs-manifest"
 VERSION = 2                 # the version written; versions 1 and 2 are read
 _MAGIC_V1 = b"S4MF"         # version 1: this magic, then the zstd frame, no checksum
 _MAX_CHECKSUM = (1 << 64) - 1
+_TIMES_NS = ("mtime_ns", "atime_ns", "ctime_ns")     # optional keys, int nanoseconds
+_MIN_NS, _MAX_NS = -(1 << 63), (1 << 63) - 1        # what a stat can carry
 _REMEDY = ("restore the object from a copy of the store (bucket versioning or a replica), "
            "or delete the file and save it again")
+
+
+def seconds_to_ns(seconds: float) -> int:
+    """A time in float seconds as integer nanoseconds, as exactly as the float holds it
+    (``round(seconds * 1e9)`` is off by up to a few hundred ns at today's dates)."""
+    whole = math.floor(seconds)
+    return whole * 1_000_000_000 + round((seconds - whole) * 1e9)
 
 
 @dataclass
@@ -124,6 +141,10 @@ class Manifest:
     names: dict[str, str] = field(default_factory=dict)
     base: dict | None = None
     own_packs: list[str] = field(default_factory=list)   # packs this version wrote
+    # the exact mtime; None: ``mtime`` (older manifests). Whoever sets one sets both
+    mtime_ns: int | None = None
+    atime_ns: int | None = None    # set explicitly; None: the mtime
+    ctime_ns: int | None = None    # when this version was made; None: the mtime
     _ext_starts: list[int] | None = field(default=None, repr=False)
 
     # --- queries ---------------------------------------------------------------------
@@ -157,6 +178,12 @@ class Manifest:
                     total += c.stored
         return total
 
+    def times_ns(self) -> tuple[int, int, int]:
+        """(atime, mtime, ctime) in nanoseconds, each falling back to the mtime."""
+        mtime = self.mtime_ns if self.mtime_ns is not None else seconds_to_ns(self.mtime)
+        return (mtime if self.atime_ns is None else self.atime_ns, mtime,
+                mtime if self.ctime_ns is None else self.ctime_ns)
+
     def locate(self, offset: int) -> int:
         if self._ext_starts is None or len(self._ext_starts) != len(self.extents):
             self._ext_starts = [e[0] for e in self.extents]
@@ -176,6 +203,9 @@ class Manifest:
                "packs": sorted(packs, key=packs.get), "streams": streams,
                "extents": [list(e) for e in self.extents], "names": self.names,
                "base": self.base, "own": len(self.own_packs)}
+        for k in _TIMES_NS:                      # optional: absent when unknown
+            if getattr(self, k) is not None:
+                doc[k] = getattr(self, k)
         problem = _inconsistency(doc)
         if problem:
             raise CorruptManifest(
@@ -220,7 +250,8 @@ class Manifest:
                    mode=doc["mode"], kind=doc["kind"], id=doc.get("id", ""),
                    streams=streams, extents=[tuple(e) for e in doc["extents"]],
                    names=doc.get("names", {}), base=doc.get("base"),
-                   own_packs=packs[: doc.get("own", 0)])
+                   own_packs=packs[: doc.get("own", 0)],
+                   **{k: doc[k] for k in _TIMES_NS if k in doc})
 
 
 def _inflate(body: bytes, where: str):
@@ -283,6 +314,9 @@ def _check(doc: dict) -> None:
     size = _int(doc["size"], "size")
     _is(doc["xxh128"], str, "xxh128")
     _is(doc["mtime"], (int, float), "mtime")
+    for k in _TIMES_NS:
+        if k in doc:
+            _int(doc[k], repr(k), _MIN_NS, _MAX_NS)
     _int(doc["mode"], "mode")
     _is(doc["kind"], str, "kind")
     _is(doc.get("id", ""), str, "id")

@@ -110,13 +110,41 @@ def _digest(head: bytes, payload: bytes) -> bytes:
 
 # --- directory markers ``dirs/<path>`` -----------------------------------------------
 
-def dir_marker() -> bytes:
-    """The bytes of a directory marker: a sealed ``dir`` object with an empty payload.
+DIR_TIMES = ("mtime_ns", "atime_ns", "ctime_ns")
 
-    (The payload is reserved for directory attributes; a reader accepts any payload
-    whose checksum holds.)
+
+def dir_marker(**times_ns: int | None) -> bytes:
+    """The bytes of a directory marker: a sealed ``dir`` object whose payload holds the
+    directory's attributes, a JSON object of the times given (``mtime_ns=``,
+    ``atime_ns=``, ``ctime_ns=``: integer nanoseconds since the epoch), e.g.
+    ``{"mtime_ns":1764576000123456789}``; with none, the payload is empty.
+
+    Every reader accepts any payload whose checksum holds (s4fs before directory times
+    wrote empty ones); :func:`read_dir_marker` takes what it knows from it.
     """
-    return seal(KIND_DIR, b"")
+    unknown = set(times_ns) - set(DIR_TIMES)
+    if unknown:
+        raise ValueError(f"not a directory time: {sorted(unknown)}")
+    doc = {k: v for k, v in times_ns.items() if v is not None}
+    return seal(KIND_DIR, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+                if doc else b"")
+
+
+def read_dir_marker(data: bytes, where: str) -> dict[str, int]:
+    """The times a directory marker records (keys of ``DIR_TIMES``; none for a legacy
+    marker, an empty payload, or a payload this s4fs does not understand), after
+    checking it as :func:`check_dir_marker` does."""
+    if len(data) == 0:
+        return {}
+    payload = unseal(data, kind=KIND_DIR, where=where)
+    try:
+        doc = json.loads(payload) if payload else {}
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: doc[k] for k in DIR_TIMES
+            if type(doc.get(k)) is int and -(1 << 63) <= doc[k] < 1 << 63}
 
 
 def check_dir_marker(data: bytes, where: str) -> None:
@@ -133,8 +161,10 @@ def check_dir_marker(data: bytes, where: str) -> None:
 # --- the store marker ``s4fs-store.json`` ---------------------------------------------
 
 def store_marker(doc: dict) -> bytes:
-    """The bytes of a store marker for ``doc`` (``{"format": "s4fs-store", "version": N}``):
-    its JSON, sealed as a ``store`` object."""
+    """The bytes of a store marker for ``doc`` (``{"format": "s4fs-store", "version": N}``,
+    optionally ``"created_ns"``: when the store was made, integer nanoseconds since the
+    epoch — every reader of sealed markers ignores keys it does not know): its JSON,
+    sealed as a ``store`` object."""
     if not _store_doc_ok(doc, legacy=False):
         raise ValueError(f"not a store marker document: {doc!r}")
     return seal(KIND_STORE, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())

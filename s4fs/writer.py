@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 from s4fs import metrics
 from s4fs.errors import S4Error
 from s4fs.ingest import IngestSession
-from s4fs.manifest import Manifest
+from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.parse import looks_complete
 from s4fs.spool import Spool
 
@@ -81,7 +81,13 @@ class WriteHandle:
                  initial: Manifest | None, previous: Manifest | None,
                  spool: Spool | None = None) -> None:
         self.fs, self.path, self.mode = fs, path, mode
-        self.mtime = time.time()
+        # times in ns (``mtime``: in seconds; see _touch): a file opened to be changed in
+        # place shows its own until its first change. The atime is one set explicitly
+        # (utime), kept across versions as on a noatime disk; None: the mtime. The
+        # ctime is the last change; None: the mtime
+        self.mtime_ns = time.time_ns() if initial is None else initial.times_ns()[1]
+        self.ctime_ns = None if initial is None else initial.times_ns()[2]
+        self.atime_ns = previous.atime_ns if previous is not None else None
         self.opened = time.monotonic()
         self.previous = previous          # the version this one replaces (delta lineage)
         self.refs = 1
@@ -94,6 +100,7 @@ class WriteHandle:
         self.nwrites = 0                  # write requests since the last commit
         self.closed_at = 0.0              # when the close that commits came
         self._orphaned = False            # unlinked while open: commit nothing
+        self.node = None                  # its file on this mount (s4fs.node), once attached
         self._cond = threading.Condition(threading.RLock())
         self.spool = spool or Spool(fs.spool_dir, path, make_room=fs.make_room)
         # background ingest of the spool's written prefix
@@ -143,6 +150,15 @@ class WriteHandle:
     def size(self) -> int:
         return self.spool.size
 
+    @property
+    def mtime(self) -> float:
+        """The mtime in seconds (``mtime_ns`` is the exact value)."""
+        return self.mtime_ns / 1e9
+
+    @mtime.setter
+    def mtime(self, seconds: float) -> None:
+        self.mtime_ns = seconds_to_ns(seconds)
+
     # --- operations ------------------------------------------------------------------
 
     def write(self, offset: int, data) -> int:
@@ -186,9 +202,11 @@ class WriteHandle:
                 raise
             self._touch()
 
-    def set_attrs(self, *, mode=None, mtime=None, size=None) -> bool:
-        """chmod / utime / truncate through this handle; False when it has closed
-        meanwhile (the caller then changes the committed file instead)."""
+    def set_attrs(self, *, mode=None, mtime=None, size=None, mtime_ns=None,
+                  atime_ns=None) -> bool:
+        """chmod / utime / truncate through this handle (the mtime as ``mtime_ns``, or
+        ``mtime`` in seconds); False when it has closed meanwhile (the caller then
+        changes the committed file instead)."""
         with self._cond:
             self._wait_commit()
             self._check()
@@ -199,8 +217,13 @@ class WriteHandle:
             if mode is not None:
                 self.mode = (self.mode & ~0o7777) | (mode & 0o7777)
                 self._touch(mtime=False)
-            if mtime is not None:
-                self.mtime = mtime
+            if mtime is not None and mtime_ns is None:
+                mtime_ns = seconds_to_ns(mtime)
+            if mtime_ns is not None:
+                self.mtime_ns = mtime_ns
+                self._touch(mtime=False)
+            if atime_ns is not None:
+                self.atime_ns = atime_ns
                 self._touch(mtime=False)
             return True
 
@@ -211,6 +234,8 @@ class WriteHandle:
         spool = Spool.reopen(entry.spool, entry.path, make_room=fs.make_room)
         w = cls(fs, entry.path, entry.mode, initial=None, previous=previous, spool=spool)
         w.mtime = entry.mtime
+        if entry.mtime_ns is not None:     # journalled by an s4fs that keeps nanoseconds
+            w.mtime_ns, w.atime_ns = entry.mtime_ns, entry.atime_ns
         w.refs = 0
         w.state = State.SPOOLED
         w.accepted_at = entry.accepted
@@ -228,9 +253,10 @@ class WriteHandle:
         fresh = self.state is not State.STREAMING
         if fresh:
             self.state = State.STREAMING
+        self.ctime_ns = time.time_ns()
         if mtime:
             if fresh:
-                self.mtime = time.time()
+                self.mtime_ns = self.ctime_ns
             self._same_bytes = False
 
     def _wait_commit(self) -> None:
@@ -285,7 +311,8 @@ class WriteHandle:
         from s4fs.journal import Entry
         self.accepted_at = time.time()
         self.fs.journal.record(Entry(self.path, self.spool.name, self.mode, self.mtime,
-                                     self.spool.size, self.accepted_at))
+                                     self.spool.size, self.accepted_at, self.mtime_ns,
+                                     self.atime_ns))
         self.state = State.SPOOLED
         self.fs.committer.submit(self)
 
@@ -324,7 +351,7 @@ class WriteHandle:
                 start = self._ingested
             try:
                 self._feed(s, start, self.spool.size)
-                m = s.finish(mode=self.mode, mtime=self.mtime)
+                m = s.finish(mode=self.mode, mtime_ns=self.mtime_ns, atime_ns=self.atime_ns)
             except BaseException:
                 s.abort()
                 raise
@@ -342,7 +369,9 @@ class WriteHandle:
         """Only mode or times changed since the last commit: a new manifest for the same
         chunks (no re-ingest)."""
         import dataclasses
-        m = dataclasses.replace(self.previous, mode=self.mode, mtime=self.mtime)
+        m = dataclasses.replace(self.previous, mode=self.mode, mtime=self.mtime,
+                                mtime_ns=self.mtime_ns, atime_ns=self.atime_ns,
+                                ctime_ns=time.time_ns())
         try:
             self.fs.commit(self.path, m)
         except BaseException:
@@ -354,6 +383,7 @@ class WriteHandle:
         self.previous = m
         self.state = State.COMMITTED
         self._same_bytes = True
+        self.fs.saw_commit(self, m)
         if self.accepted_at:
             self.fs.journal.drop(self.spool.name)
             self.accepted_at = 0.0
@@ -574,7 +604,8 @@ class WriteHandle:
             if self.accepted_at:
                 from s4fs.journal import Entry
                 self.fs.journal.record(Entry(path, self.spool.name, self.mode, self.mtime,
-                                             self.spool.size, self.accepted_at))
+                                             self.spool.size, self.accepted_at,
+                                             self.mtime_ns, self.atime_ns))
             return True
 
     def detach(self) -> None:

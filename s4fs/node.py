@@ -1,0 +1,122 @@
+"""One file on this mount across its versions (what the kernel calls an inode), and the
+descriptors reading it.
+
+A descriptor reads the **file** it opened, not a version frozen at open time, because the
+kernel keeps one page cache per inode, shared by every descriptor of it: if one
+descriptor were served an older version than another, the cache would end up holding a
+mixture of the two, and later opens would be served it (docs/SEMANTICS.md). So, as on a
+local disk:
+
+* an in-place overwrite on this mount (``O_TRUNC``, truncate, append, ``r+``) changes the
+  file: every descriptor of it reads the new bytes as they land (the writer's spool);
+* a newer version committed by another mount becomes the file's version when an open on
+  this mount first sees it; descriptors opened earlier read it from then on (their
+  earlier reads, and the kernel's pages, were of one version only: the open that saw the
+  change tells the kernel to drop its pages);
+* ``unlink`` or ``rename`` over the path **detach** the node: its descriptors keep
+  reading the version they had, whole (its packs are pinned against garbage collection
+  while any is open), and the path gets a new node.
+
+What the kernel may keep cached is decided here too (:meth:`FileNode.open_verdict`): its
+pages are known to be exactly one committed version (``kernel_id``) when this mount
+wrote that version through the kernel and nothing else changed the file since.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from s4fs.manifest import Manifest
+
+log = logging.getLogger("s4fs.node")
+
+
+class FileNode:
+    """The identity of one file on this mount. Fields are guarded by the filesystem's
+    lock (``Filesystem._lock``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.gen = 0                          # bumped when what its readers read changes
+        self.version: Manifest | None = None  # the committed version (no writer spooling)
+        self.writer = None                    # the in-place WriteHandle, while it lives
+        self.detached = False                 # unlinked or replaced by a rename
+        self.readers = 0                      # descriptors open for reading
+        self.pin: str | None = None           # store key pinning ``version`` while detached
+        self.kernel_id: str | None = None     # the version the kernel's pages are exactly
+        self.read_while_written = False       # a reader reached us while a writer spooled
+        self.cache_key = None                 # what the FUSE adapter calls it (its inode)
+
+    def changed(self) -> None:
+        """Readers must look again at what the file is (at their next read)."""
+        self.gen += 1
+
+    def open_verdict(self, content_id: str | None) -> bool:
+        """An open is served ``content_id`` (None: bytes that are no committed version):
+        whether the kernel may keep the pages it holds. From this open on the kernel's
+        pages are filled from this content only (every descriptor reads it)."""
+        keep = content_id is not None and self.kernel_id == content_id
+        self.kernel_id = content_id
+        return keep
+
+
+class NodeReader:
+    """A descriptor open for reading: reads its node's current content through a *view*
+    (:class:`s4fs.reader.ReadHandle` over the writer's spool, a local whole copy, or the
+    store) and changes view when the node changes. Unknown attributes are the current
+    view's (``manifest``, ``version``, ``size``, ...)."""
+
+    def __init__(self, node: FileNode, view, gen: int, keep_cache: bool,
+                 view_of: Callable[[FileNode], tuple[object | None, int]],
+                 on_read: Callable[[FileNode], None],
+                 on_release: Callable[[FileNode], None]) -> None:
+        self.node = node
+        self.keep_cache = keep_cache          # for the kernel, at open (s4fs.mount)
+        self._view = view
+        self._gen = gen
+        self._view_of = view_of
+        self._on_read = on_read
+        self._on_release = on_release
+        self._lock = threading.Lock()
+        self._old: list = []                  # views left behind: released at the end
+        self._released = False
+
+    def _current(self):
+        if self.node.gen != self._gen:
+            with self._lock:
+                if self.node.gen != self._gen:
+                    view, gen = self._view_of(self.node)
+                    if view is not None:
+                        # other threads may be inside the old view: release it at the end
+                        self._old.append(self._view)
+                        self._view = view
+                    self._gen = gen
+        return self._view
+
+    def read(self, offset: int, size: int):
+        view = self._current()
+        self._on_read(self.node)
+        return view.read(offset, size)
+
+    def readinto(self, offset: int, dest) -> int:
+        view = self._current()
+        self._on_read(self.node)
+        return view.readinto(offset, dest)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            views, self._old = [*self._old, self._view], []
+        for v in views:
+            v.release()
+        self._on_release(self.node)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._current(), name)
