@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -46,6 +47,64 @@ def _fuse_errors(fn):
     return wrapper
 
 
+def _forget_attributes(inode: int) -> None:
+    try:
+        pyfuse3.invalidate_inode(inode, attr_only=True)
+    except OSError as exc:            # not known to the kernel (yet)
+        log.debug("invalidating the attributes of inode %d: %s", inode, exc)
+
+
+class _NamespaceLock:
+    """Renames and unlinks change which file a path (and so an inode) stands for, in the
+    core and here; opens and attribute requests must see both sides of that change or
+    neither (an open racing a rename over its path would read the new file under the old
+    inode, whose cached size is the old file's). Shared for those, exclusive for the
+    changes; no waiting writer blocks a new reader, so a handler may nest shared use."""
+
+    def __init__(self) -> None:
+        self._cond = trio.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.asynccontextmanager
+    async def shared(self):
+        async with self._cond:
+            while self._writing:
+                await self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self):
+        async with self._cond:
+            while self._writing or self._readers:
+                await self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+def _namespace(kind: str):
+    """Run a handler under the namespace lock (``"shared"`` or ``"exclusive"``)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def wrapper(self, *args, **kwargs):
+            async with getattr(self._ns, kind)():
+                return await fn(self, *args, **kwargs)
+        return wrapper
+    return wrap
+
+
 class S4Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     # Off on purpose: with it the kernel trusts its own file sizes and never takes them
@@ -67,6 +126,7 @@ class S4Operations(pyfuse3.Operations):
         self._handles: dict[int, object] = {}
         self._handle_locks: dict[int, trio.Lock] = {}
         self._fh_inodes: dict[int, int] = {}
+        self._ns = _NamespaceLock()
         self._next_fh = 1
         # files appear owned by this user (the training job's, when the daemon runs as a
         # service user); permissions are then checked by the kernel (default_permissions)
@@ -153,11 +213,13 @@ class S4Operations(pyfuse3.Operations):
     # --- metadata ------------------------------------------------------------------
 
     @_fuse_errors
+    @_namespace("shared")
     async def lookup(self, parent_inode, name, ctx=None):
         path = self._child(parent_inode, name)
         return self._entry(await self._run(self.fs.stat, path))
 
     @_fuse_errors
+    @_namespace("shared")
     async def getattr(self, inode, ctx=None):
         path = self._paths.get(inode)
         if path is None:
@@ -170,6 +232,7 @@ class S4Operations(pyfuse3.Operations):
         return self._entry(await self._run(self.fs.stat, path))
 
     @_fuse_errors
+    @_namespace("shared")
     async def setattr(self, inode, attr, fields, fh, ctx):
         path = self._paths.get(inode)
         gone = self._open_nodes.get(inode) if path is None else None
@@ -205,6 +268,7 @@ class S4Operations(pyfuse3.Operations):
         return self._new_fh(("dir", path, names))
 
     @_fuse_errors
+    @_namespace("shared")
     async def readdir(self, fh, start_id, token):
         _, path, names = self._handles[fh]
         entries = [(".", path), ("..", keys.parent(path))] + \
@@ -229,18 +293,21 @@ class S4Operations(pyfuse3.Operations):
         return self._entry(await self._run(self.fs.stat, path))
 
     @_fuse_errors
+    @_namespace("exclusive")
     async def rmdir(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
         await self._run(self.fs.rmdir, path)
         self._dropped(path)
 
     @_fuse_errors
+    @_namespace("exclusive")
     async def unlink(self, parent_inode, name, ctx):
         path = self._child(parent_inode, name)
         await self._run(self.fs.unlink, path)
         self._dropped(path)
 
     @_fuse_errors
+    @_namespace("exclusive")
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
@@ -266,12 +333,17 @@ class S4Operations(pyfuse3.Operations):
     # --- files ---------------------------------------------------------------------
 
     @_fuse_errors
+    @_namespace("shared")
     async def open(self, inode, flags, ctx):
         path = self._path(inode)
         acc = flags & os.O_ACCMODE
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
             self._hold(inode, handle.node)
+            if not handle.keep_cache:
+                # the kernel's cached attributes may be another version's (another
+                # mount's commit, seen by this open first): it asks again before use
+                await trio.to_thread.run_sync(_forget_attributes, inode)
             # the core says whether the kernel's pages are the version this open reads
             return pyfuse3.FileInfo(fh=self._new_fh(handle, inode),
                                     keep_cache=handle.keep_cache)
@@ -283,6 +355,7 @@ class S4Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=self._new_fh(handle, inode))
 
     @_fuse_errors
+    @_namespace("shared")
     async def create(self, parent_inode, name, mode, flags, ctx):
         path = self._child(parent_inode, name)
         handle = await self._run(self.fs.open_write, path, truncate=True, create=True,

@@ -486,7 +486,11 @@ class Filesystem:
 
     def _rename_dir(self, old: str, new: str) -> None:
         self._ensure_parents(new + "/x")
-        self.store.put(keys.dir_key(new), sealed.dir_marker())
+        try:       # the folder keeps its times (its marker, as it is)
+            marker = self.store.get(keys.dir_key(old))
+        except NotFound:
+            marker = sealed.dir_marker()      # it had none: the store's time shows
+        self.store.put(keys.dir_key(new), marker)
         self._known_dirs.add(new)
         for prefix in (keys.FILES, keys.DIRS):
             for obj in list(self.store.list(prefix + old + "/")):
