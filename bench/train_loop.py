@@ -1,0 +1,281 @@
+"""What checkpointing costs a training run: seconds the training loop is blocked per
+checkpoint, and the run's time over a run with no checkpoints, for every way s4fs can
+take a checkpoint beside the peers, in one run on one trainer.
+
+A byte-level GPT (``--gib`` of state: fp32 weights and AdamW moments, bf16 autocast on a
+GPU) trains on real text (the repository's docs); every ``--every`` steps the loop saves
+its whole state (model + optimizer) the way a training script does, with its code
+unchanged, and goes on training. Modes (``--modes``, all by default):
+
+* ``none``: no checkpoints (the baseline run time);
+* ``local+sync``: ``torch.save`` to local disk, then ``os.sync()`` (durable: the floor of
+  a durable save, the reference of the mount's default mode);
+* ``local``: ``torch.save`` to local disk, no sync (the page cache: the floor of a save
+  that returns before the bytes are durable, the reference of ``--writeback``);
+* ``dcp-async``: ``torch.distributed.checkpoint.async_save`` to local disk;
+* ``s4fs.save``, ``s4fs.async_save``: the Python API into a local store;
+* ``mount``, ``mount-wb``: unchanged ``torch.save`` through an s4fs FUSE mount on a
+  local store, default mode (durable at ``close()``) and ``--writeback``; ``-cuda``
+  variants code on the GPU (``--device cuda``), the others on CPU workers.
+
+An async mode waits for its previous save before the next one (counted as blocked), as
+a training script must. Background work left at the end (an async save, a writeback
+mount's commits) is drained after the run and reported as "drain"; stored bytes are what
+the store holds over what ``torch.save`` wrote. Every mode trains the same steps from the
+same state (each starts from a copy), so run times compare.
+
+    python bench/train_loop.py --gib 1.7 --every 200 --checkpoints 4      # the H200 box
+    python bench/train_loop.py --gib 0.05 --every 20 --checkpoints 3 --device cpu   # a CPU box
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import machine, table  # noqa: E402
+
+MODES = ("none", "local+sync", "local", "dcp-async", "s4fs.save", "s4fs.async_save",
+         "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
+
+
+class Trainer:
+    """A byte-level GPT and its AdamW, trained on the repository's docs."""
+
+    def __init__(self, gib: float, device: str) -> None:
+        import torch
+        from delta_gpu import corpus, gpt
+        width = 1024 if gib >= 0.5 else 256
+        # fp32 weights + two fp32 moments: 12 bytes a parameter, ~12 w^2 per layer
+        layers = max(1, round(gib * (1 << 30) / 12 / (12 * width * width)))
+        torch.manual_seed(0)
+        self.device = device
+        self.ctx, self.batch = 256, 16 if device == "cuda" else 4
+        self.data = torch.tensor(list(corpus()), dtype=torch.long, device=device)
+        self.model = gpt(ctx=self.ctx, width=width, layers=layers).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
+        self.g = torch.Generator(device="cpu").manual_seed(0)
+
+    def train(self, steps: int) -> None:
+        import torch
+        import torch.nn.functional as F
+        ctx, data = self.ctx, self.data
+        for _ in range(steps):
+            ix = torch.randint(0, len(data) - ctx - 1, (self.batch,), generator=self.g)
+            ix = ix.to(self.device)
+            x = torch.stack([data[i:i + ctx] for i in ix])
+            y = torch.stack([data[i + 1:i + ctx + 1] for i in ix])
+            with torch.autocast(device_type=self.device, dtype=torch.bfloat16,
+                                enabled=self.device == "cuda"):
+                loss = F.cross_entropy(self.model(x).float().view(-1, 256), y.view(-1))
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        self.sync()
+
+    def sync(self) -> None:
+        import torch
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
+
+
+def _cli(*args: str, timeout: float = 600) -> None:
+    res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
+                         text=True, timeout=timeout)
+    if res.returncode:
+        raise RuntimeError(f"s4fs {' '.join(args)} failed: {res.stderr.strip()}")
+
+
+def _du(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
+               for f in fs)
+
+
+class Mode:
+    """One way of taking checkpoints: ``save(state, i)`` (blocking part), ``drain()``."""
+
+    def __init__(self, name: str, work: str, device: str) -> None:
+        self.name, self.work = name, os.path.join(work, name)
+        os.makedirs(self.work)
+        self.pending = None
+        self.mountpoint = None
+        self.store = os.path.join(self.work, "store")
+        self.logical = 0
+        if name.startswith("mount"):
+            os.makedirs(self.store)
+            self.mountpoint = os.path.join(self.work, "mnt")
+            os.makedirs(self.mountpoint)
+            extra = ["--writeback"] if "-wb" in name else []
+            extra += ["--device", "cuda" if name.endswith("-cuda") else "cpu"]
+            _cli("mount", self.store, self.mountpoint, "--cache-dir",
+                 os.path.join(self.work, "cache"), *extra)
+        elif name == "dcp-async":
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                import socket
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                        rank=0, world_size=1)
+
+    def save(self, state: dict, i: int) -> None:
+        import torch
+        name = f"ckpt_{i}.pt"
+        if self.name == "none":
+            return
+        if self.name in ("local", "local+sync"):
+            torch.save(state, os.path.join(self.work, name))
+            if self.name == "local+sync":
+                os.sync()
+        elif self.name == "dcp-async":
+            import torch.distributed.checkpoint as dcp
+            self._wait()
+            self.pending = dcp.async_save(state, checkpoint_id=os.path.join(self.work, f"step_{i}"))
+        elif self.name == "s4fs.save":
+            import s4fs
+            s4fs.save(state, os.path.join(self.store, name))
+        elif self.name == "s4fs.async_save":
+            import s4fs
+            self._wait()
+            self.pending = s4fs.async_save(state, os.path.join(self.store, name))
+        else:
+            torch.save(state, os.path.join(self.mountpoint, name))
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def drain(self) -> None:
+        self._wait()
+        if self.mountpoint and "-wb" in self.name:
+            _cli("sync", self.mountpoint)
+
+    def stored(self) -> int | None:
+        if self.name.startswith(("s4fs", "mount")) and os.path.isdir(self.store):
+            return _du(self.store)
+        return None
+
+    def close(self) -> None:
+        if self.mountpoint:
+            _cli("umount", self.mountpoint, timeout=300)
+
+
+def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
+        device: str) -> dict:
+    trainer.model.load_state_dict(start["model"])
+    trainer.opt.load_state_dict(start["optim"])
+    trainer.g.manual_seed(1)
+    mode = Mode(name, work, device)
+    blocked: list[float] = []
+    try:
+        t0 = time.perf_counter()
+        for i in range(n):
+            trainer.train(every)
+            t = time.perf_counter()
+            mode.save(trainer.state(), i)
+            blocked.append(time.perf_counter() - t)
+        trainer.train(every)              # the run goes on after its last checkpoint
+        wall = time.perf_counter() - t0
+        t = time.perf_counter()
+        mode.drain()
+        drain = time.perf_counter() - t
+        stored = mode.stored()
+    finally:
+        mode.close()
+    return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
+            "first": blocked[0] if blocked and name != "none" else 0.0,
+            "wall": wall, "drain": drain, "stored": stored}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.7, help="state size (weights + AdamW)")
+    ap.add_argument("--every", type=int, default=200, help="training steps per checkpoint")
+    ap.add_argument("--checkpoints", type=int, default=4)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
+    ap.add_argument("--work", default=None, help="folder on the disk to measure (a temp dir)")
+    args = ap.parse_args(argv)
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        ap.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    if device != "cuda":
+        skipped = [m for m in modes if m.endswith("-cuda")]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            print(f"# no CUDA device: {', '.join(skipped)} left out")
+    trainer = Trainer(args.gib, device)
+    trainer.train(5)                       # warm-up: kernels, allocator, optimizer state
+    start = copy.deepcopy(trainer.state())
+    size = sum(t.numel() * t.element_size() for t in _tensors(start))
+    work = tempfile.mkdtemp(prefix="s4fs-trainloop-", dir=args.work)
+    print(f"# training loop: {machine()}; device {device}"
+          + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
+          + f"; torch {torch.__version__}")
+    print(f"# state {size / 2**30:.2f} GiB (fp32 weights + AdamW), a checkpoint every "
+          f"{args.every} steps, {args.checkpoints} checkpoints; work dir {work}")
+    results = {}
+    try:
+        for name in modes:
+            try:
+                results[name] = run(trainer, start, name, work, args.every,
+                                    args.checkpoints, device)
+            except Exception as exc:             # noqa: BLE001 - reported, the rest runs
+                print(f"# {name} failed: {type(exc).__name__}: {exc}")
+            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+            r = results.get(name)
+            if r:
+                print(f"#   {name}: blocked {r['blocked']:.3f} s per checkpoint, "
+                      f"run {r['wall']:.2f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = results.get("none", {}).get("wall")
+    ref_sync = results.get("local+sync", {}).get("blocked")
+    ref_page = results.get("local", {}).get("blocked")
+    logical = size * args.checkpoints
+    rows = []
+    for name, r in results.items():
+        rows.append([
+            name, f"{r['blocked']:.3f}", f"{r['first']:.3f}",
+            f"{r['blocked'] / ref_sync:.2f}x" if ref_sync and name != "none" else "-",
+            f"{r['blocked'] / ref_page:.2f}x" if ref_page and name != "none" else "-",
+            f"{r['wall']:.2f}",
+            f"{100 * (r['wall'] - base) / base:+.0f} %" if base and name != "none" else "-",
+            f"{r['drain']:.2f}" if r["drain"] > 0.005 else "-",
+            f"{100 * r['stored'] / logical:.1f} %" if r["stored"] else "-"])
+    print(table(["mode", "blocked s/ckpt (median)", "first", "x local+sync", "x local",
+                 "run s", "over no ckpt", "drain s", "stored"], rows))
+    return 0
+
+
+def _tensors(obj):
+    import torch
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

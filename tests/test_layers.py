@@ -1,0 +1,155 @@
+"""The shape of the code (docs/ARCHITECTURE.md), read from its imports.
+
+Calls go one way: ``mount/`` → the core ``s4fs/`` → ``codec/`` and the stores. These
+tests read every module's imports (with :mod:`ast`; imports inside functions count, those
+under ``if TYPE_CHECKING:`` do not) and fail on a new import circle or a call against the
+grain, naming the modules, so the house keeps its rooms as it grows.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# import name -> folder (pyproject.toml's package-dir)
+FOLDERS = {"s4fs": "s4fs", "s4fs.codec": "codec", "s4fs.mount": "mount"}
+
+
+def _modules() -> dict[str, str]:
+    """Every module of the package: import name -> file."""
+    out = {}
+    for pkg, folder in FOLDERS.items():
+        top = os.path.join(ROOT, folder)
+        for here, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__" and
+                       not (here == top and pkg == "s4fs" and d in ("codec", "mount"))]
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                rel = os.path.relpath(os.path.join(here, f), top)[:-3].replace(os.sep, ".")
+                name = pkg if rel == "__init__" else f"{pkg}.{rel}"
+                out[name.removesuffix(".__init__")] = os.path.join(here, f)
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: str) -> set[str]:
+    """The package's modules ``name`` imports at run time."""
+    is_pkg = path.endswith("__init__.py")
+    found: set[str] = set()
+
+    def absolute(module: str | None, level: int) -> str:
+        if not level:
+            return module or ""
+        parts = name.split(".") if is_pkg else name.split(".")[:-1]
+        parts = parts[:len(parts) - (level - 1)]
+        return ".".join(parts + ([module] if module else []))
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            t = node.test
+            if getattr(t, "id", None) == "TYPE_CHECKING" or \
+                    getattr(t, "attr", None) == "TYPE_CHECKING":
+                for n in node.orelse:
+                    self.visit(n)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            for a in node.names:
+                found.add(a.name)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            base = absolute(node.module, node.level)
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.add(sub if sub in MODULES else base)
+
+    with open(path, encoding="utf-8") as fh:
+        Visitor().visit(ast.parse(fh.read(), path))
+    return found
+
+
+IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _circles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    graph = {m: sorted(d for d in deps if d in MODULES and d != m)
+             for m, deps in IMPORTS.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_the_modules_were_found():
+    assert {"s4fs.fs", "s4fs.codec", "s4fs.mount", "s4fs.node"} <= set(MODULES)
+
+
+def test_no_import_circles():
+    circles = _circles()
+    assert not circles, "modules that import each other (directly or around a circle): " \
+        + "; ".join(" ↔ ".join(c) for c in circles)
+
+
+def _offenders(rule) -> list[str]:
+    return sorted(f"{m} imports {d}" for m, deps in IMPORTS.items() for d in deps
+                  if rule(m, d))
+
+
+def test_only_the_mount_adapter_knows_fuse():
+    assert not _offenders(lambda m, d: d.split(".")[0] in ("pyfuse3", "trio")
+                          and not m.startswith("s4fs.mount"))
+
+
+ENTRY_POINTS = {"s4fs.cli"}       # the command line starts the daemon: it sits above all
+
+
+def test_the_core_never_calls_up_into_the_mount():
+    assert not _offenders(lambda m, d: d.startswith("s4fs.mount") and
+                          not m.startswith("s4fs.mount") and m not in ENTRY_POINTS)
+
+
+def test_the_codec_knows_no_files_stores_or_filesystem():
+    # the one shared piece is the error hierarchy (errors carry their errno)
+    assert not _offenders(lambda m, d: m.startswith("s4fs.codec") and
+                          d.startswith("s4fs") and not d.startswith("s4fs.codec") and
+                          d != "s4fs.errors")
