@@ -37,7 +37,7 @@ def _bucket(n: int) -> str:
 
 def _tally(blob, raw_len, by_size, by_plane, head):
     from s4fs.codec import _container
-    from s4fs.codec._plane_codecs import _NAMES
+    from s4fs.codec._plane_codecs import NAMES
     h = _container.unpack(blob)
     size = _bucket(raw_len)
     by_size[size][0] += 1
@@ -51,7 +51,7 @@ def _tally(blob, raw_len, by_size, by_plane, head):
         row = by_plane[(h.layout, k)]
         row["raw"] += p.raw_len
         row["enc"] += p.enc_len
-        row["codecs"][_NAMES.get(p.codec_id, str(p.codec_id))] += p.enc_len
+        row["codecs"][NAMES.get(p.codec_id, str(p.codec_id))] += p.enc_len
 
 
 def _new_plane():

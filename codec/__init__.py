@@ -11,9 +11,17 @@ Pure functions over buffers; knows nothing about files, stores or FUSE.
 from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError,
                          CodecUnavailableError, FormatError, UnsupportedVersionError)
 
+from . import _nvcomp_twins, _plane_codecs
 from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompress, inspect, xor
 from ._dtypes import DType, dtype_names, lookup
 from ._device import gpu_available
+
+# the nvCOMP plane codec ids are registered here, held by the GPU codecs' CPU twins: each
+# decodes what s4fs.codec.gpu writes under its id (or refuses, saying what is needed), and
+# the GPU decodes what the twin writes; importing s4fs.codec.gpu registers nothing
+for _twin in _nvcomp_twins.ALL:
+    _plane_codecs.register(_twin)
+del _twin
 
 __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",

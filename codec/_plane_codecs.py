@@ -3,7 +3,9 @@ buffers, and a JSON-round-tripping config.
 
 Ids are written into blobs and never reused. Two codecs may share an id only if each
 decodes the other's output (the contract between a GPU codec and its CPU twin).
-GPU codecs register themselves from ``s4fs.codec.gpu`` when it is imported.
+The CPU codecs below are in the registry from the start; the nvCOMP ids are held by the
+CPU twins of the GPU codecs (``_nvcomp_twins``), which ``s4fs.codec`` registers when it
+is imported.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import zlib
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from s4fs.errors import CodecUnavailableError, FormatError, UnsupportedVersionError
+from s4fs.errors import FormatError, UnsupportedVersionError
 
 # ids written into blobs (never reuse one)
 RAW = 0
@@ -24,8 +26,8 @@ NVCOMP_ANS = 16
 NVCOMP_GDEFLATE = 17
 NVCOMP_DEFLATE = 18     # standard raw deflate: decodable with zlib on a CPU
 
-_NAMES = {RAW: "raw", CONST: "const", ZSTD: "zstd", DEFLATE: "deflate", NVCOMP_ANS: "nvcomp-ans",
-          NVCOMP_GDEFLATE: "nvcomp-gdeflate", NVCOMP_DEFLATE: "nvcomp-deflate"}
+NAMES = {RAW: "raw", CONST: "const", ZSTD: "zstd", DEFLATE: "deflate", NVCOMP_ANS: "nvcomp-ans",
+         NVCOMP_GDEFLATE: "nvcomp-gdeflate", NVCOMP_DEFLATE: "nvcomp-deflate"}
 
 
 class PlaneCodec(ABC):
@@ -175,8 +177,6 @@ def register(cls: type[PlaneCodec]) -> None:
 
 def decoder_for(codec_id: int, major: int) -> PlaneCodec:
     """The codec instance that decodes planes written with ``codec_id``/``major``."""
-    if codec_id in (NVCOMP_ANS, NVCOMP_GDEFLATE, NVCOMP_DEFLATE) and codec_id not in _REGISTRY:
-        _load_gpu_codecs(codec_id)
     cls = _REGISTRY.get(codec_id)
     if cls is None:
         raise UnsupportedVersionError(
@@ -195,15 +195,5 @@ def decoder_for(codec_id: int, major: int) -> PlaneCodec:
     return inst
 
 
-def _load_gpu_codecs(codec_id: int) -> None:
-    try:
-        from . import gpu  # noqa: F401  (registers the nvCOMP codecs)
-    except ImportError as exc:
-        raise CodecUnavailableError(
-            f"this blob has a plane coded with {_NAMES[codec_id]}; decoding it needs a "
-            f"CUDA GPU with nvidia-nvcomp and cupy installed (pip install 's4fs[gpu]'): "
-            f"{exc}") from None
-
-
 def codec_name(codec_id: int) -> str:
-    return _NAMES.get(codec_id, f"codec-{codec_id}")
+    return NAMES.get(codec_id, f"codec-{codec_id}")

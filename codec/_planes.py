@@ -48,8 +48,8 @@ GENERIC = "generic"     # anything else (mantissa bytes, integers, opaque bytes)
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
-try:
-    from . import _shuffle            # the C twin of the NumPy code below
+try:                                  # the C twin of the NumPy code below
+    import s4fs.codec._shuffle as _shuffle
 except ImportError:                   # not built (a source checkout without a compiler)
     _shuffle = None
 

@@ -1,5 +1,5 @@
 """The batch header writer and readers (``codec._container.header_many`` / ``unpack_many``,
-``codec.gpu._payload.pack_many`` / ``parse_many``) against the one-at-a-time definitions:
+``codec._nvcomp_payload.pack_many`` / ``parse_many``) against the one-at-a-time definitions:
 the same bytes written, the same fields read, and every blob the scalar reader refuses
 refused (the caller then asks the scalar reader why)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from s4fs.codec import _container as C
-from s4fs.codec.gpu import _payload as Y
+from s4fs.codec import _nvcomp_payload as Y
 
 EDGES = [0, 1, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21, (1 << 32) + 5]
 

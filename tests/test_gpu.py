@@ -74,7 +74,7 @@ def _twins() -> dict:
 def _synthetic_ans_blob() -> bytes:
     """A well-formed blob whose exponent plane claims nvCOMP ANS (payload not decodable:
     a CPU must refuse it before looking at the chunk)."""
-    from s4fs.codec.gpu import _payload
+    from s4fs.codec import _nvcomp_payload as _payload
     data = np.arange(1 << 12, dtype=np.uint16).tobytes()
     dt = lookup("bfloat16")
     planes = _planes.split(memoryview(data), dt, _planes.FLOAT)
@@ -120,7 +120,7 @@ def test_ans_blob_on_a_cpu_only_machine_says_what_is_needed():
 def test_twin_fixtures_decode_on_the_cpu():
     """Golden nvcomp-deflate blobs (and nvcomp-gdeflate where nvCOMP's CPU library is
     installed) decode on any CPU; GDeflate without it says what to install."""
-    from s4fs.codec.gpu import _codecs
+    from s4fs.codec import _nvcomp_twins as _codecs
     manifest = _twins()
     assert manifest
     for name, entry in manifest.items():
@@ -138,7 +138,7 @@ def test_twin_fixtures_decode_on_the_cpu():
 
 @pytest.mark.skipif(gpu_available(), reason="a GPU is present here")
 def test_golden_gpu_blobs_on_a_cpu_only_machine():
-    from s4fs.codec.gpu import _codecs
+    from s4fs.codec import _nvcomp_twins as _codecs
     manifest = _manifest()
     seen_ans = 0
     for name, entry in manifest.items():
@@ -182,7 +182,7 @@ def test_profile_config_round_trips():
 
 
 def test_ans_version_is_refused_across_majors():
-    from s4fs.codec.gpu import _codecs
+    from s4fs.codec import _nvcomp_twins as _codecs
     _codecs.check_ans_version((6, 0, 0), (6, 1, 2))
     with pytest.raises(CodecUnavailableError, match="nvCOMP ANS 5.0.1.*6.0.0.*5.x"):
         _codecs.check_ans_version((5, 0, 1), (6, 0, 0))
@@ -190,7 +190,8 @@ def test_ans_version_is_refused_across_majors():
 
 def test_deflate_twin_and_payload_checks():
     """The CPU twin of nvcomp-deflate writes what zlib (and nvCOMP) reads."""
-    from s4fs.codec.gpu import _codecs, _payload
+    from s4fs.codec import _nvcomp_payload as _payload
+    from s4fs.codec import _nvcomp_twins as _codecs
     rng = np.random.default_rng(3)
     plane = (rng.standard_normal(300_000) * 4).astype(np.int8).view(np.uint8).tobytes()
     codec = _codecs.NvcompDeflate()
@@ -613,7 +614,8 @@ def test_emulated_self_check_reads_what_the_header_says(emu, monkeypatch):
     """The self-check decodes each blob from its written header, not from what the
     encoder meant: a payload table that lies about its chunk sizes is caught, and the
     blob is coded on the CPU instead."""
-    from s4fs.codec.gpu import _decode, _encode, _payload
+    from s4fs.codec import _nvcomp_payload as _payload
+    from s4fs.codec.gpu import _decode, _encode
     real = _payload.pack_many
 
     def lying(version, option, chunk, sizes, counts):
@@ -685,7 +687,8 @@ def test_cpu_encode_gpu_decode():
 def test_codec_twins_decode_each_other():
     """nvCOMP Deflate ↔ zlib and nvCOMP GDeflate ↔ nvCOMP's CPU library, plane by plane."""
     from s4fs.codec import gpu as G
-    from s4fs.codec.gpu import GpuProfile, _codecs
+    from s4fs.codec import _nvcomp_twins as _codecs
+    from s4fs.codec.gpu import GpuProfile
     rng = np.random.default_rng(5)
     data = (rng.standard_normal(1 << 20).astype(np.float32).view(np.uint32) >> 16)
     data = data.astype(np.uint16).tobytes()
@@ -926,7 +929,7 @@ def test_gpu_zero_blocks_store_less():
 @pytest.mark.skipif(not os.environ.get("S4FS_WRITE_TWIN_FIXTURES"),
                     reason="writes the CPU-twin fixtures once (S4FS_WRITE_TWIN_FIXTURES=1)")
 def test_write_twin_fixtures():
-    from s4fs.codec.gpu import _codecs
+    from s4fs.codec import _nvcomp_twins as _codecs
     if os.path.exists(os.path.join(TWINS, "manifest.json")):
         pytest.skip("twin fixtures exist; they are never regenerated")
     assert _codecs.cpu_gdeflate() is not None, "needs nvCOMP's CPU library (nvidia-libnvcomp)"
@@ -1135,7 +1138,8 @@ def test_zero_heavy_planes_take_the_smaller_nvcomp_chunk(emu):
     blob decode to exactly their bytes."""
     from s4fs.codec import _container as C
     from s4fs.codec import _plane_codecs as P
-    from s4fs.codec.gpu import GpuProfile, _decode, _encode, _payload
+    from s4fs.codec import _nvcomp_payload as _payload
+    from s4fs.codec.gpu import GpuProfile, _decode, _encode
     rng = np.random.default_rng(21)
     dense = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32)
     sparse = ((rng.standard_normal(1 << 20) * 1e-4) ** 2).astype(np.float32)

@@ -18,10 +18,8 @@ import functools
 
 from s4fs.errors import CodecUnavailableError
 
-from . import _codecs
+from .._nvcomp_twins import installed_nvcomp_version
 from ._profiles import DEFAULT, FLOAT, GDEFLATE_MANTISSA, PORTABLE, PROFILES, GpuProfile
-
-_codecs.register()
 
 __all__ = ["is_available", "require", "unavailable_reason", "compress", "compress_many",
            "decompress_many", "decompress_planes", "GpuProfile", "DEFAULT",
@@ -65,7 +63,7 @@ def require() -> None:
 
 
 def nvcomp_version() -> tuple[int, int, int] | None:
-    return _codecs.installed_nvcomp_version()
+    return installed_nvcomp_version()
 
 
 def compress(data, dt, *, base=None, profile=None) -> bytes:

@@ -33,10 +33,11 @@ from s4fs.errors import (
 )
 
 from .. import _container as C
+from .. import _nvcomp_payload as _payload
 from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType, from_code
-from . import _codecs, _payload
+from .._nvcomp_twins import check_ans_version
 from . import _kernels as K
 from ._backend import CodecSpec, settle
 from ._common import (
@@ -235,7 +236,7 @@ class _Decode:
         if ans.any():
             for v in map(tuple, np.unique(np.asarray(version)[ans], axis=0).tolist()):
                 try:
-                    _codecs.check_ans_version(v, self.b.nvcomp_version)
+                    check_ans_version(v, self.b.nvcomp_version)
                 except CodecError:
                     return False
         pkind = np.where(coded, CODED, np.where(const, FILL, BLOB))
@@ -292,7 +293,7 @@ class _Decode:
                     continue
                 if s.cid in CODEC_NAMES:
                     if s.cid == P.NVCOMP_ANS:
-                        _codecs.check_ans_version(s.head.version, b.nvcomp_version)
+                        check_ans_version(s.head.version, b.nvcomp_version)
                 elif s.cid == P.RAW:
                     if s.enc != raw:
                         raise FormatError(f"raw plane holds {s.enc} bytes, header says {raw}")

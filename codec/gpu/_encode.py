@@ -32,10 +32,10 @@ import numpy as np
 from s4fs.errors import CodecError
 
 from .. import _container as C
+from .. import _nvcomp_payload as _payload
 from .. import _plane_codecs as P
 from .. import _planes
 from .._dtypes import DType, from_code, lookup
-from . import _payload
 from ._backend import CodecSpec, round_up, settle
 from ._common import (
     ALIGN,

@@ -1,7 +1,8 @@
 """The nvCOMP plane codecs as seen from a CPU: registry ids, CPU twins, clear refusals.
 
-The GPU pipeline codes these planes in batches on the device (``_pipeline``); these
-classes are what ``s4fs.codec``'s CPU path finds in the registry for the same ids:
+The GPU pipeline (``s4fs.codec.gpu``) codes these planes in batches on the device;
+these classes hold their ids in the plane codec registry (``s4fs.codec`` registers
+them, see its ``__init__``), and are what the CPU path finds there for the same ids:
 
 * ``nvcomp-deflate`` (18): each chunk is a raw RFC 1951 stream. zlib decodes and
   encodes it on any CPU (the CPU twin; each decodes the other's output).
@@ -23,8 +24,8 @@ import numpy as np
 
 from s4fs.errors import CodecUnavailableError, FormatError
 
-from .. import _plane_codecs as P
-from . import _payload
+from . import _nvcomp_payload as _payload
+from . import _plane_codecs as P
 
 INSTALL = ("pip install 's4fs[gpu]' (CUDA 12) or 's4fs[gpu-cu13]' (CUDA 13)")
 CPU_VERSION = (0, 0, 0)      # version bytes of planes written by a CPU twin
@@ -239,8 +240,3 @@ def cpu_gdeflate() -> _CpuGdeflate | None:
 
 ALL = (NvcompAns, NvcompGdeflate, NvcompDeflate)
 BY_NAME = {"ans": NvcompAns, "gdeflate": NvcompGdeflate, "deflate": NvcompDeflate}
-
-
-def register() -> None:
-    for cls in ALL:
-        P.register(cls)
