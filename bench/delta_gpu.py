@@ -1,6 +1,10 @@
 """Delta benchmark on a GPU training series: a small GPT trained on real text.
 
     python bench/delta_gpu.py [--steps 300] [--every 30] [--spaced 150]
+    bash bench/gpu.sh delta        # the same, on the GPU machine
+
+ZipNN, where installed, is the peer for stored size (bench/delta.py prints it; it was
+not installable on the H200 box).
 
 Byte-level GPT (6 layers, width 512, context 256) trained on the GPU on real English
 text (the prose s4fs's tests fine-tune on, plus this repository's own documentation),
@@ -107,13 +111,14 @@ def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--every", type=int, default=30)
-    ap.add_argument("--spaced", type=int, default=150)
-    ap.add_argument("--width", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--ctx", type=int, default=256)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=300, help="training steps")
+    ap.add_argument("--every", type=int, default=30, help="steps between frequent saves")
+    ap.add_argument("--spaced", type=int, default=150, help="steps between spaced saves")
+    ap.add_argument("--width", type=int, default=512, help="model width")
+    ap.add_argument("--layers", type=int, default=6, help="transformer layers")
+    ap.add_argument("--ctx", type=int, default=256, help="context length in bytes")
     args = ap.parse_args(argv)
     import torch
 

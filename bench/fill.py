@@ -1,7 +1,8 @@
 """Decode ahead, alone: how fast a node that never saw a file gets it back.
 
     python bench/fill.py [--gib 0.5] [--repeat 3] [--saves 1] [--devices cpu[,cuda]]
-                         [--gpu-fill-batch MiB] [--gpu-threads N]
+                         [--gpu-fill-batch MiB] [--gpu-threads N] [--work DIR]
+    bash bench/gpu.sh fill         # --gib 0.6 --repeat 3 --saves 3, cpu and cuda
 
 A mount's first read of a cold file starts a fill (s4fs/fill.py): the version's chunks
 are fetched, decoded and written into the decoded cache ahead of the reader, by the CPU
@@ -12,8 +13,9 @@ training run's is), then, ``--repeat`` times, opens it as a fresh node would (an
 cache dir, the page cache dropped when run as root) and reads it as ``torch.load``
 does (the tail, then the whole file in 1 MiB reads), timing until the last byte.
 The state is synthetic, shaped like a mixed-precision checkpoint: bf16 weights and
-fp32 AdamW moments (10 bytes a parameter). Timings are printed, never asserted; the
-bytes read back are checked.
+fp32 AdamW moments (10 bytes a parameter). The peer is the local disk: the same bytes
+as a plain file under ``--work``, read the same way after dropping the page cache.
+Timings are printed, never asserted; the bytes read back are checked.
 """
 
 from __future__ import annotations
@@ -91,6 +93,33 @@ def read_as_torch_load(fs, path: str) -> tuple[bytes, bool]:
         r.release()
 
 
+def local_disk(data: bytes, work: str, repeat: int) -> dict:
+    """The peer: the same bytes in a local file, read cold as torch.load reads them."""
+    path = os.path.join(work, "local.pt")
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        f.write(data)
+    os.sync()
+    saved = time.perf_counter() - t0
+    times = []
+    for _ in range(repeat):
+        drop_caches()
+        t0 = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            f.seek(len(data) - 22)
+            f.read(22)
+            f.seek(0)
+            out = bytearray()
+            while len(out) < len(data):
+                out += f.read(1 << 20)
+        times.append(time.perf_counter() - t0)
+        if out != data:
+            raise SystemExit("local disk: the bytes read back differ")
+    os.unlink(path)
+    return {"device": "local disk (file + os.sync)", "stored": len(data), "save": saved,
+            "fresh": times, "filled": None, "depth": None}
+
+
 def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
     from s4fs import gpu_pool, workers
     from s4fs.fs import Filesystem, FsConfig
@@ -135,8 +164,8 @@ def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gib", type=float, default=0.5)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gib", type=float, default=0.5, help="GiB of one checkpoint")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh-node reads (median)")
     ap.add_argument("--saves", type=int, default=1,
                     help="consecutive versions saved; the last (a delta chain) is read")
     ap.add_argument("--devices", help="default: cpu, and cuda where a GPU is usable")
@@ -156,6 +185,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
         rows = [run(d, series, work, a.repeat) for d in devices.split(",")]
+        rows.append(local_disk(data, work, a.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/fill.py — {os.cpu_count()} cores; {len(data) / (1 << 30):.2f} GiB "
@@ -168,11 +198,12 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
         med = statistics.median(r["fresh"])
-        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | {r['depth']} | "
+        depth = "-" if r["depth"] is None else r["depth"]
+        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | {depth} | "
               f"{r['save']:.2f} | "
               f"{med:.2f} | {len(data) / med / 1e9:.2f} | "
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "
-              f"{'yes' if r['filled'] else 'no'} |")
+              f"{'-' if r['filled'] is None else 'yes' if r['filled'] else 'no'} |")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ to a store with deltas off: each stands for a run's first checkpoint. ``--series
 then saves N checkpoints of the run going on, ``--between`` steps apart, with deltas on
 the previous one (s4fs's default) and without, and loads each back onto the GPU.
 
-    python bench/gpu_save.py --gib 1.7 --repeat 3 --series 4 --between 10
+    python bench/gpu_save.py [--gib 1.7] [--repeat 3] [--series 3] [--between 10]
+                             [--timeline] [--work DIR]
+    bash bench/gpu.sh save         # --repeat 2 --series 3, on the GPU machine
+
+Beside each save it prints the disk's own time for the bytes that save stored (random
+bytes written as the local store writes packs: bench/store_write.py's fastest pattern),
+the floor no save to that disk can beat, and the same save into /dev/shm (no disk).
+Needs a CUDA GPU; the store is a local directory under ``--work`` on the disk measured.
 """
 
 from __future__ import annotations
@@ -75,9 +82,9 @@ def timed(fn) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gib", type=float, default=1.7)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--gib", type=float, default=1.7, help="GiB of training state")
+    ap.add_argument("--steps", type=int, default=20, help="training steps before the saves")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per row (median)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--pack-mib", type=int, default=0,
                     help="the store's pack size in MiB (default: s4fs's)")

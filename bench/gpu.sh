@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU machine's measurements, by suite: the tables of docs/BENCHMARKS.md that need a
+# CUDA GPU (the H200 box), and the tests that need that machine.
+#
+# Usage: bash bench/gpu.sh SUITE...    SUITE: tests codec save mount fill ingest delta
+#
+#   tests   the GPU tests, then the FUSE trust and writeback tests        (budget 500 s)
+#   codec   the GPU codec vs nvCOMP alone and the CPU path, bf16/fp32/AdamW,
+#           4 MiB chunks across tensors, then cut per tensor              (240 s)
+#   save    s4fs.save / async_save / load of GPU-resident state vs torch.save
+#           and DCP, with the disk's own time for the stored bytes         (420 s)
+#   mount   bench/mount.py on a GPT trained here, --device cuda then cpu   (400 s)
+#   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
+#   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
+#   delta   deltas on a GPT pretrained here, full-only vs delta            (400 s)
+#
+# Each command runs under `timeout` with the budget shown (the device machine allows
+# 10 minutes a command, so give each device call one suite). Run from the repo root with
+# the offline kit in .offline-kit/ (`bash ../shared/tools/make-offline-kit.sh`: the GPU
+# machine has no network) and, for codec and ingest, the MiniLM weights subset in
+# .gpubench/minilm-subset.safetensors (without it the codec bench falls back to
+# synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
+# the tables and test summaries are printed at the end.
+set -u
+suites="tests codec save mount fill ingest delta"
+usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+for s in "$@"; do
+    case " $suites " in *" $s "*) ;; *) echo "unknown suite: $s" >&2; usage ;; esac
+done
+
+# --- environment: the log, the `run` step helper, the offline kit, s4fs installed to
+# /tmp/s4 (C extension built), cwd /tmp so the source tree stays off sys.path.
+R=$(pwd)
+OUT=${OUT:-/tmp/s4fs-gpu}
+mkdir -p "$OUT"
+LOG=$OUT/gpu.log
+export PYTHONUNBUFFERED=1
+run() {   # run SECONDS CMD...: one step, its output and exit status into the log
+    local t=$1; shift
+    echo "=== \$ $*" >>"$LOG"
+    local t0=$SECONDS
+    timeout "$t" "$@" >>"$LOG" 2>&1
+    echo "=== exit $? after $((SECONDS - t0)) s" >>"$LOG"
+}
+# shellcheck disable=SC1091   # the offline kit is made outside the repository
+source .offline-kit/setup.sh >>"$LOG" 2>&1
+rm -rf /tmp/s4                               # a warm machine keeps the last install
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
+export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
+cd /tmp || exit 1
+nvidia-smi -L >>"$LOG" 2>&1
+run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
+W=$R/.gpubench/minilm-subset.safetensors
+[ -f "$W" ] || echo "# no $W: the codec bench uses synthetic weights" >>"$LOG"
+T=(python3 -m pytest -q -rs -p no:cacheprovider --rootdir "$R")
+B=$R/bench
+
+for suite in "$@"; do
+    echo "### suite $suite" >>"$LOG"
+    case $suite in
+    tests)
+        run 300 "${T[@]}" "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" \
+            "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
+        run 200 "${T[@]}" "$R/tests/test_trust.py" "$R/tests/test_writeback.py" -m "not s3"
+        ;;
+    codec)
+        run 120 python3 "$B/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 \
+            --profiles default --weights "$W" --chunking concat
+        run 120 python3 "$B/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 3 \
+            --profiles default --weights "$W"
+        ;;
+    save)
+        run 420 python3 "$B/gpu_save.py" --gib 1.7 --repeat 2 --series 3 --between 10 --work /tmp
+        ;;
+    mount)
+        for d in cuda cpu; do
+            run 200 python3 "$B/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 \
+                --modes default --device $d --work /tmp
+        done
+        ;;
+    fill)
+        run 150 python3 "$B/fill.py" --gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda --work /tmp
+        ;;
+    ingest)
+        S4FS_BENCH_WEIGHTS=$W run 200 python3 "$B/ingest.py" --gib 1 --repeat 3
+        S4FS_BENCH_WEIGHTS=$W run 300 python3 "$B/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 1
+        ;;
+    delta)
+        run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
+        ;;
+    esac
+done
+grep -E "^(===|###|\||#|[0-9]+ (passed|failed)|FAILED|ERROR|gpu )" "$LOG" | tail -"${TAIL:-80}"
