@@ -3,8 +3,9 @@
 # CUDA GPU (the H200 box), and the tests that need that machine.
 #
 # Usage: bash bench/gpu.sh SUITE...    SUITE: tests codec save mount fill ingest delta
+#                                             train-loop
 #
-#   tests   the GPU tests, then the FUSE trust and writeback tests        (budget 500 s)
+#   tests   the GPU tests, then the FUSE trust, writeback and coherence tests (600 s)
 #   codec   the GPU codec vs nvCOMP alone and the CPU path, bf16/fp32/AdamW,
 #           4 MiB chunks across tensors, then cut per tensor              (240 s)
 #   save    s4fs.save / async_save / load of GPU-resident state vs torch.save
@@ -13,6 +14,9 @@
 #   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
 #   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
 #   delta   deltas on a GPT pretrained here, full-only vs delta            (400 s)
+#   train-loop  a GPT training on the GPU, checkpointed every 200 steps by every
+#           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
+#           default and --writeback on cpu and cuda): blocked s, overhead   (560 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -22,7 +26,7 @@
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
 set -u
-suites="tests codec save mount fill ingest delta"
+suites="tests codec save mount fill ingest delta train-loop"
 usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
@@ -62,7 +66,8 @@ for suite in "$@"; do
     tests)
         run 300 "${T[@]}" "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" \
             "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
-        run 200 "${T[@]}" "$R/tests/test_trust.py" "$R/tests/test_writeback.py" -m "not s3"
+        run 300 "${T[@]}" "$R/tests/test_trust.py" "$R/tests/test_writeback.py" \
+            "$R/tests/test_coherence.py" -m "not s3"
         ;;
     codec)
         run 120 python3 "$B/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 \
@@ -88,6 +93,9 @@ for suite in "$@"; do
         ;;
     delta)
         run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
+        ;;
+    train-loop)
+        run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp
         ;;
     esac
 done
