@@ -127,6 +127,7 @@ class S4Operations(pyfuse3.Operations):
         self._handle_locks: dict[int, trio.Lock] = {}
         self._fh_inodes: dict[int, int] = {}
         self._ns = _NamespaceLock()
+        self._dropping: set[threading.Thread] = set()   # kernel invalidations under way
         self._next_fh = 1
         # files appear owned by this user (the training job's, when the daemon runs as a
         # service user); permissions are then checked by the kernel (default_permissions)
@@ -380,15 +381,21 @@ class S4Operations(pyfuse3.Operations):
     async def flush(self, fh):
         handle = self._handles[fh]
         if isinstance(handle, WriteHandle):
-            async with self._handle_locks[fh]:
-                await self._run(handle.flush)
+            try:
+                async with self._handle_locks[fh]:
+                    await self._run(handle.flush)
+            finally:
+                await self._settle()
 
     @_fuse_errors
     async def fsync(self, fh, datasync):
         handle = self._handles[fh]
         if isinstance(handle, WriteHandle):
-            async with self._handle_locks[fh]:
-                await self._run(handle.fsync)
+            try:
+                async with self._handle_locks[fh]:
+                    await self._run(handle.fsync)
+            finally:
+                await self._settle()
 
     @_fuse_errors
     async def release(self, fh):
@@ -399,6 +406,7 @@ class S4Operations(pyfuse3.Operations):
                     await self._run(handle.release)
         finally:
             self._forget_fh(fh)
+            await self._settle()
 
     # --- open files and the kernel's page cache ------------------------------------
 
@@ -421,20 +429,41 @@ class S4Operations(pyfuse3.Operations):
             else:
                 self._open_nodes[inode] = (held[0], held[1] - 1)
 
-    def _invalidate(self, node) -> None:
+    def _invalidate(self, node, gone: bool) -> None:
         """The core says the kernel's pages of ``node`` may not be its bytes: drop
-        them. From a thread of its own: the kernel waits for pages that reads in flight
-        hold, and those reads need this daemon to answer."""
+        them, and when the file is gone (a failed first save), its name, so that the
+        next open creates it instead of failing on the stale entry. From a thread of its
+        own: the kernel waits for pages that reads in flight hold, and those reads need
+        this daemon to answer."""
         inode = node.cache_key
         if inode is None:
             return
+        entry = None
+        if gone:
+            with self._lock:
+                parent = self._inodes.get(keys.parent(node.path))
+            if parent is not None:
+                entry = (parent, os.fsencode(keys.basename(node.path)))
 
         def drop():
             try:
                 pyfuse3.invalidate_inode(inode, attr_only=False)
+                if entry is not None:
+                    pyfuse3.invalidate_entry(*entry)
             except (OSError, pyfuse3.FUSEError) as exc:   # gone from the kernel already
                 log.debug("invalidating inode %d: %s", inode, exc)
-        threading.Thread(target=drop, daemon=True, name="s4fs-invalidate").start()
+        t = threading.Thread(target=drop, daemon=True, name="s4fs-invalidate")
+        with self._lock:
+            self._dropping.add(t)
+        t.start()
+
+    async def _settle(self) -> None:
+        """Wait for the kernel to have dropped what the core asked so far (before a
+        close() or fsync() that failed, or committed, returns to the caller)."""
+        with self._lock:
+            pending, self._dropping = self._dropping, set()
+        if pending:
+            await trio.to_thread.run_sync(lambda: [t.join() for t in pending])
 
     def _forget_fh(self, fh) -> None:
         with self._lock:

@@ -134,8 +134,9 @@ class Filesystem:
         # reads, and what the kernel may keep cached of it
         self._nodes: dict[str, FileNode] = {}
         self._pinned: set[FileNode] = set()          # detached, still read, packs pinned
-        # set by the FUSE adapter: drop the kernel's cached pages of a node (from any
-        # thread; must not block on the kernel)
+        # set by the FUSE adapter: drop the kernel's cached pages of a node, and its
+        # name too when the file no longer exists: ``(node, gone)``, from any thread;
+        # must not block on the kernel
         self.on_invalidate = None
         from s4fs.committer import Committer
         from s4fs.journal import Journal
@@ -715,9 +716,9 @@ class Filesystem:
         if drop:
             self._invalidate(node)
 
-    def _invalidate(self, node: FileNode) -> None:
+    def _invalidate(self, node: FileNode, *, gone: bool = False) -> None:
         if self.on_invalidate is not None:
-            self.on_invalidate(node)
+            self.on_invalidate(node, gone)
 
     def _attach_writer(self, path: str, w: WriteHandle) -> None:
         """(Under ``_lock``.) ``w`` writes ``path``'s file in place from now on."""
@@ -836,15 +837,19 @@ class Filesystem:
             node = w.node
             if node is None or node.writer is not w:
                 return
-            node.writer = None
             if node.detached:
-                return                   # its readers keep what they read
+                # unlinked or renamed over: its readers keep reading the spool they
+                # hold, and the writer stays its attributes (fstat)
+                return
+            node.writer = None
             node.changed()
             drop = cid is None
             if drop:
                 node.kernel_id = None
+            gone = drop and node.version is None
         if drop:
-            self._invalidate(node)
+            # a failed first save leaves no file at all: the kernel forgets its name too
+            self._invalidate(node, gone=gone)
 
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
