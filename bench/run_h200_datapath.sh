@@ -25,7 +25,7 @@ run 240 $T "$R/tests/test_workers.py"
 S4FS_BENCH_WEIGHTS=$W run 330 python3 "$R/bench/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 1
 elif [ "$1" = devices ]; then      # the GPU tests, then cpu and cuda mounts alternately
 run 240 $T "$R/tests/test_gpu_save.py" "$R/tests/test_gpu_pool.py" "$R/tests/test_gpu.py"
-run 60 python3 -c "import time; from s4fs import gpu_pool; t = time.time(); gpu_pool.pool().warm(); print('GPU worker started and warm in %.2f s' % (time.time() - t)); gpu_pool.shutdown()"
+run 60 python3 -c "import time; from s4fs import coding; t = time.time(); coding.gpu_worker().warm(); print('GPU worker started and warm in %.2f s' % (time.time() - t)); coding.shutdown()"
 for d in cpu cuda cpu cuda; do
 run 110 python3 "$R/bench/mount.py" --source gpt --gib 0.6 --saves 3 --loads 2 --modes default --device $d --work /tmp
 done

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from emulated_gpu import emulated_gpu
-from s4fs import gpu_pool, workers
+from s4fs.coding import _cpu_pool as workers, _gpu_pool as gpu_pool
 from s4fs.codec import inspect
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig

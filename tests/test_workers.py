@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from s4fs import workers
+from s4fs.coding import _cpu_pool as workers
 from s4fs.errors import CodecError, S4Error
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig
