@@ -121,7 +121,7 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
 
 
 def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
-    from s4fs import gpu_pool, workers
+    from s4fs import coding
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.ingest import IngestConfig
     from s4fs.stores import LocalStore
@@ -156,8 +156,7 @@ def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
                 raise SystemExit(f"{device}: the bytes read back differ")
         finally:
             cold.close()
-    gpu_pool.shutdown()
-    workers.shutdown()
+    coding.shutdown()
     return {"device": device, "stored": stored, "save": saved, "fresh": times,
             "filled": filled, "depth": depth}
 
@@ -173,7 +172,8 @@ def main() -> None:
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     a = ap.parse_args()
-    from s4fs import fill, gpu_pool
+    from s4fs import fill
+    from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.codec import gpu_available
     devices = a.devices or ("cpu,cuda" if gpu_available() else "cpu")
     if a.gpu_fill_batch:

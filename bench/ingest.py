@@ -123,11 +123,11 @@ def ingest_rate(gib: float, workers: int, repeat: int, workdir: str,
     cfg = IngestConfig(workers=workers, nice=0, processes=processes)
     spool = None
     if processes:                              # the mount's path: bytes in a spool file
-        from s4fs import workers as coding
+        from s4fs.coding import cpu_workers
         spool = os.path.join(workdir, "spool")
         with open(spool, "wb") as f:
             f.write(data)
-        coding.pool(workers, 0).warm()
+        cpu_workers(workers, 0).warm()
     times = []
     for i in range(repeat + 1):                # the first run warms the pools up
         store = LocalStore(os.path.join(workdir, f"w{workers}-{i}"))

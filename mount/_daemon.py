@@ -203,7 +203,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         # is ready: loading CuPy, nvCOMP and a CUDA context takes seconds, which the
         # first save or cold load would otherwise wait for.
         from s4fs.codec import _device
-        from s4fs.ingest import coding_pool
+        from s4fs.coding import coding_pool
         coders = coding_pool(ingest)
         if _device.pipeline(ingest.device) == "cuda":
             coders.warm(timeout=GPU_WARM_SECONDS)
@@ -258,9 +258,8 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         _notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         fs.close()
-        from s4fs import gpu_pool, workers as coding
+        from s4fs import coding
         coding.shutdown()
-        gpu_pool.shutdown()
         log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
 
 

@@ -4,9 +4,8 @@
 use them import lazily.
 """
 
-__version__ = "0.1.0"
-
-from s4fs.errors import S4Error  # noqa: E402
+from s4fs._version import __version__
+from s4fs.errors import S4Error
 
 
 def __getattr__(name):

@@ -2,138 +2,17 @@
 
 A path names a file in a store: a local path or ``file://`` URL inside a store root
 (a folder holding ``s4fs-store.json``; a new store is created in the file's folder when
-none is found above it), or ``s3://bucket/prefix/...`` the same way.
+none is found above it), or ``s3://bucket/prefix/...`` the same way (``s4fs.paths``
+finds it: ``filesystem``, ``resolve``, ``mount_of`` and ``open`` are its).
 """
 
 from __future__ import annotations
 
-import atexit
-import builtins
 import contextlib
 import io
-import os
-import threading
-from urllib.parse import unquote, urlparse
 
-from s4fs import keys
-from s4fs.errors import InvalidArgument, PermissionDenied
-from s4fs.fs import Filesystem, FsConfig
-from s4fs.stores import LocalStore, open_store
-
-builtins_open = builtins.open
-_lock = threading.Lock()
-_open: dict[str, Filesystem] = {}
-
-
-def filesystem(store_url: str, cfg: FsConfig | None = None) -> Filesystem:
-    """A (cached) Filesystem for a store URL. The API reads files straight into the
-    caller's memory, so it keeps no decoded-file cache on disk (a mount does)."""
-    with _lock:
-        fs = _open.get(store_url)
-        if fs is not None and "://" not in store_url and not LocalStore(store_url).exists(
-                keys.ROOT_MARKER):
-            fs.close()                     # the folder was deleted (and maybe made again)
-            fs = None
-        if fs is None:
-            fs = _open[store_url] = Filesystem(
-                open_store(store_url), cfg or FsConfig(decoded_cache_bytes=0))
-        return fs
-
-
-@atexit.register
-def close_all() -> None:
-    """Close every Filesystem the API opened (their temporary cache dirs go too)."""
-    with _lock:
-        opened = list(_open.values())
-        _open.clear()
-    for fs in opened:
-        try:
-            fs.close()
-        except Exception:                              # noqa: BLE001 - exiting anyway
-            pass
-
-
-def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:
-    """Split a path or URL into (filesystem of its store, path inside the store)."""
-    path = os.fspath(path)
-    if path.startswith("s3://"):
-        return _resolve_s3(path, create)
-    if path.startswith("file://"):
-        path = unquote(urlparse(path).path)
-    full = os.path.abspath(path)
-    mounted = _through_mount(full)
-    if mounted is not None:
-        return mounted
-    d = full
-    while True:
-        if os.path.isdir(d) and LocalStore(d).exists(keys.ROOT_MARKER):
-            rel = os.path.relpath(full, d).replace(os.sep, "/")
-            return filesystem(d), "" if rel == "." else rel
-        up = os.path.dirname(d)
-        if up == d:
-            break
-        d = up
-    if not create:
-        raise InvalidArgument(
-            f"{path} is not inside an s4fs store (no {keys.ROOT_MARKER} in any parent "
-            f"folder); save a file there first or run 's4fs init DIR'")
-    root = os.path.dirname(full)
-    return filesystem(root), os.path.basename(full)
-
-
-def _through_mount(full: str):
-    """A path under an s4fs mount of this machine maps to the mount's store."""
-    found = mount_of(full)
-    if found is None:
-        return None
-    source, _, rel = found
-    return filesystem(source), rel
-
-
-def mount_of(path) -> tuple[str, str, str] | None:
-    """``(store URL, mountpoint, path inside the store)`` when ``path`` lies under an
-    s4fs mount of this machine, else None."""
-    full = os.path.abspath(os.fspath(path))
-    try:
-        with builtins_open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    best = None
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3 or parts[2] != "fuse.s4fs":
-            continue
-        source = parts[0].replace("\\040", " ").replace("%2C", ",")
-        point = parts[1].replace("\\040", " ")
-        if full == point or full.startswith(point.rstrip("/") + "/"):
-            if best is None or len(point) > len(best[1]):
-                best = (source, point)
-    if best is None:
-        return None
-    rel = os.path.relpath(full, best[1]).replace(os.sep, "/")
-    return best[0], best[1], "" if rel == "." else rel
-
-
-def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:
-    rest = url[len("s3://"):]
-    bucket, _, key = rest.partition("/")
-    parts = key.split("/")
-    for cut in range(len(parts) - 1, -1, -1):
-        prefix = "/".join(parts[:cut])
-        store_url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-        store = open_store(store_url)
-        try:
-            found = store.exists(keys.ROOT_MARKER)
-        except PermissionDenied:
-            found = False        # a policy limited to the store's prefix hides its parents
-        if found:
-            return filesystem(store_url), "/".join(parts[cut:])
-    if not create:
-        raise InvalidArgument(f"{url} is not inside an s4fs store")
-    prefix = "/".join(parts[:-1])
-    store_url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
-    return filesystem(store_url), parts[-1]
+from s4fs.paths import (close_all, filesystem, mount_of, open,  # noqa: F401, A004
+                        resolve)
 
 
 class _WriteStream(io.RawIOBase):
@@ -151,50 +30,6 @@ class _WriteStream(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
-
-
-class _ReadStream(io.RawIOBase):
-    def __init__(self, handle, name: str) -> None:
-        self._h = handle
-        self._pos = 0
-        self.name = name
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        n = self._h.readinto(self._pos, b)
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence == 0:
-            self._pos = offset
-        elif whence == 1:
-            self._pos += offset
-        else:
-            self._pos = self._h.size + offset
-        if self._pos < 0:
-            raise ValueError("negative seek position")
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def close(self) -> None:
-        self._h.release()
-        super().close()
-
-
-def open(path, mode: str = "rb", *, buffering: int = 4 << 20):  # noqa: A001
-    """A read-only, seekable binary file object over a stored file."""
-    if mode not in ("rb", "r"):
-        raise InvalidArgument("s4fs.open is read-only: use mode 'rb' (write with s4fs.save)")
-    fs, rel = resolve(path)
-    return io.BufferedReader(_ReadStream(fs.open_read(rel), str(path)), buffering)
 
 
 def save(obj, path, **torch_save_kwargs) -> None:

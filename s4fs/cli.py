@@ -36,7 +36,7 @@ def _fs_config(args):
     from s4fs.ingest import IngestConfig
     size = getattr(args, "cache_size", None)
     workers = getattr(args, "workers", None)
-    # a mount codes in worker processes (s4fs.workers); --workers 0 codes in the
+    # a mount codes in worker processes (s4fs.coding); --workers 0 codes in the
     # daemon's own threads instead
     ingest = IngestConfig(device=getattr(args, "device", None) or "cpu",
                           processes=workers != 0)

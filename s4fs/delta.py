@@ -32,7 +32,7 @@ from s4fs import keys
 from s4fs.errors import NotFound, S4Error
 from s4fs.manifest import Manifest
 
-_log = logging.getLogger("s4fs.ingest")     # notes of the ingest, which codes the chunks
+_log = logging.getLogger(__name__)
 
 _DIGITS = re.compile(r"\d+")
 MAX_CANDIDATES = 4

@@ -6,13 +6,14 @@ to be fetched and decoded chunk by chunk, through delta chains. Done inside the 
 that is one interpreter's worth of decoding, behind the FUSE requests. Instead, when a
 reader shows torch.load's pattern (it reads the file's tail — the zip directory — or has
 read a few MiB), the mount starts a :class:`Fill`: the whole version is cut into batches
-of chunks, each with the file ranges its bytes belong at, and the worker pool
-(:mod:`s4fs.workers`) fetches, decodes (every chunk checked against its checksum) and
-``pwrite``s them into ``<cache>/decoded/.fill-<id>``. A read waits only for the batch
-that holds its bytes — the tail's and the head's batches go first, the rest in file
-order — then is a ``pread`` of that file. Once every batch is in and the whole-file hash
-of the filled copy matches the manifest, it becomes the version's decoded-cache entry
-(later opens read it like a file written here). A batch that fails (the store down, a
+of chunks, each with the file ranges its bytes belong at, and a coding pool
+(``s4fs.coding``: the worker processes, or threads on this process's GPU) fetches,
+decodes (every chunk checked against its checksum) and ``pwrite``s them into
+``<cache>/decoded/.fill-<id>``. A read waits only for the batch that holds its bytes —
+the tail's and the head's batches go first, the rest in file order — then is a
+``pread`` of that file. Once every batch is in and the whole-file hash of the filled
+copy matches the manifest, it becomes the version's decoded-cache entry (later opens
+read it like a file written here). A batch that fails (the store down, a
 worker killed) ends the fill: its readers go back to decoding in the daemon, which
 reports the error if there is one.
 """
@@ -25,10 +26,9 @@ import os
 import pickle
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-
 import xxhash
 
+from s4fs.coding import DecodeJob
 from s4fs.manifest import Manifest
 
 log = logging.getLogger("s4fs.fill")
@@ -69,58 +69,11 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
 
 
 # The GPU decode ahead: batches of 16 MiB, eight in flight (reading, copying and writing
-# around the one GPU thread's decodes). Measured on the H200 (bench/mount.py, cuda, cold
-# load of 0.59 GiB after a remount): two of 64 MiB 1.35 s, four of 64 MiB 1.02 s, eight
-# of 16 MiB 0.93 s (the CPU workers: 0.88 s).
+# around the one GPU thread's decodes; s4fs.coding's GPU worker, or its ThreadPool).
+# Measured on the H200 (bench/mount.py, cuda, cold load of 0.59 GiB after a remount):
+# two of 64 MiB 1.35 s, four of 64 MiB 1.02 s, eight of 16 MiB 0.93 s (the CPU workers:
+# 0.88 s).
 GPU_FILL_BATCH = 16 << 20
-GPU_FILL_THREADS = 8
-
-
-class GpuDecoder:
-    """The pool a :class:`Fill` uses when the mount codes on the GPU: each batch
-    (``GPU_FILL_THREADS`` at a time) is read and decoded by ``s4fs.reader.decode_on_gpu``,
-    only the decoding on the process's GPU thread (every chunk checked, delta chains
-    level by level), then written at its file offsets."""
-
-    _pool: ThreadPoolExecutor | None = None
-    _lock = threading.Lock()
-
-    def __init__(self, source) -> None:
-        self.source = source
-
-    def submit_decode(self, job) -> Future:
-        with GpuDecoder._lock:
-            if GpuDecoder._pool is None:
-                GpuDecoder._pool = ThreadPoolExecutor(GPU_FILL_THREADS,
-                                                      thread_name_prefix="s4fs-gpu-fill")
-        return GpuDecoder._pool.submit(self._decode, job)
-
-    def _decode(self, job) -> int:
-        return decode_on_gpu_into(self.source, job)
-
-    @staticmethod
-    def result(fut, what: str, **_):
-        return fut.result()
-
-
-def decode_on_gpu_into(source, job) -> int:
-    """Decode one batch (a :class:`~s4fs.workers.DecodeJob`) with
-    ``s4fs.reader.decode_on_gpu`` (only the decoding on the process's GPU thread; every
-    chunk checked) and write its pieces at their offsets in ``job.target``."""
-    from s4fs.reader import decode_on_gpu
-    from s4fs.workers import pwrite_all
-    decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,
-                            to_host=True)
-    fd = os.open(job.target, os.O_WRONLY)
-    try:
-        for ref, pieces in job.items:
-            arr = decoded[ref.key()]
-            data = arr.get() if hasattr(arr, "get") else arr      # CuPy (a base too)
-            for coff, foff, n in pieces:
-                pwrite_all(fd, data[coff: coff + n], foff)
-    finally:
-        os.close(fd)
-    return len(job.items)
 
 
 class _Ranges:
@@ -149,7 +102,6 @@ class Fill:
 
     def __init__(self, m: Manifest, store, cache, pool, batch_bytes: int,
                  on_done) -> None:
-        from s4fs.workers import DecodeJob
         self.m = m
         self.cache = cache
         self.pool = pool

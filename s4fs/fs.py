@@ -119,8 +119,8 @@ class Filesystem:
         self._gpu_worker = ingest.processes and _device.pipeline(ingest.device) == "cuda"
         offload = None
         if self._gpu_worker:
-            from s4fs import gpu_pool
-            offload = lambda blob, base: gpu_pool.pool(ingest.nice).decode_blob(blob, base)  # noqa: E731
+            from s4fs.coding import gpu_worker
+            offload = lambda blob, base: gpu_worker(ingest.nice).decode_blob(blob, base)  # noqa: E731
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
                                   device="auto", blob_cache=self.pack_cache, offload=offload)
         self._lock = threading.RLock()
@@ -745,10 +745,10 @@ class Filesystem:
                 fd = self.decoded.open(m.id)
                 if fd is not None:
                     return None, fd
-                from s4fs.ingest import coding_pool
+                from s4fs.coding import ThreadPool, coding_pool
                 if where == "cuda":
                     pool = (coding_pool(ingest) if ingest.processes else
-                            fill_mod.GpuDecoder(self.source))
+                            ThreadPool(ingest, self.source))
                     batch = min(ingest.gpu_batch_bytes, fill_mod.GPU_FILL_BATCH)
                 else:
                     pool, batch = coding_pool(ingest), ingest.batch_bytes
@@ -854,7 +854,7 @@ class Filesystem:
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
         """The ingest of a new version of ``path``; ``spool``: the file it is fed from
-        (then the coding may run in worker processes that read it, s4fs.workers)."""
+        (then the coding may run in worker processes that read it, s4fs.coding)."""
         base = base_path = None
         if self.cfg.delta:
             from s4fs.delta import choose_base

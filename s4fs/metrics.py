@@ -354,7 +354,7 @@ class _DerivedCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
-        from s4fs import __version__
+        from s4fs._version import __version__
         logical, stored = self._totals()
         yield GaugeMetricFamily("s4fs_compression_ratio", "Stored bytes / logical bytes of "
                                 "everything saved (0.66: stored at 66 % of the original size; "

@@ -44,7 +44,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from s4fs.errors import InvalidArgument, S4Error
-from s4fs.workers import ProcessWide
+from s4fs.coding import ProcessWide
 
 log = logging.getLogger("s4fs.save")
 
@@ -264,7 +264,7 @@ class _Save:
 
     def __init__(self, obj, path, save_kwargs: dict, *, snapshot: bool = False,
                  profile=None) -> None:
-        from s4fs.api import resolve
+        from s4fs.paths import resolve
         self.path = path
         self.t0 = time.perf_counter()
         self.stages = _Stages("save")
@@ -451,7 +451,7 @@ class _DeviceSave:
         if not self.fs.cfg.delta:
             return {}
         from s4fs.delta import choose_base
-        from s4fs.ingest import base_streams
+        from s4fs.coding import base_streams
         chosen = choose_base(self.fs, self.job.rel, self.job._previous())
         if chosen is None:
             return {}
@@ -465,7 +465,7 @@ class _DeviceSave:
         there is a delta base: the base chunks are decoded on the device beside the
         batch). The CPU ones (``host``) are left to the caller.
 
-        Deltas follow the rule of every other save (``s4fs.ingest.code_chunk``): a chunk
+        Deltas follow the rule of every other save (``s4fs.coding.code_chunk``): a chunk
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
@@ -488,7 +488,7 @@ class _DeviceSave:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
         GPU batches of growing size (GPU_FIRST_BATCHES, then the full size)."""
         import torch
-        from s4fs.ingest import base_chunk, delta_candidate
+        from s4fs.coding import base_chunk, delta_candidate
         lay, step = self.job.lay, self.cfg.chunk_size
         full = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
         out: list[list] = [[]]
@@ -515,7 +515,7 @@ class _DeviceSave:
 
     def _decode_bases(self, batch: list) -> list:
         """Per chunk of ``batch``: None, or ``("delta", its base chunk's bytes on the
-        device)`` (``s4fs.gpu_worker.code_on_device``'s ``prep``)."""
+        device)`` (``s4fs.coding.code_on_device``'s ``prep``)."""
         refs = [ref for _, _, ref in batch if ref is not None]
         if not refs:
             return [None] * len(batch)
@@ -531,9 +531,9 @@ class _DeviceSave:
 
     def _code_batch(self, batch: list, prep: list, packs) -> None:
         """One GPU batch, every chunk coded in one call by the delta rule
-        (``s4fs.gpu_worker.code_on_device``); blobs to the pack writer."""
+        (``s4fs.coding.code_on_device``); blobs to the pack writer."""
         import torch
-        from s4fs.gpu_worker import code_on_device
+        from s4fs.coding import code_on_device
         stages = self.job.stages
 
         def same(k: int) -> bool:
@@ -548,10 +548,10 @@ class _DeviceSave:
         stages.mark("packing (and waiting for pack writes)")
 
     def _code_host(self, stream, mv, packs, base=None) -> None:
-        """Host bytes into ``stream``'s chunks, coded on the CPU by ingest's rule
-        (deltas against ``base``'s chunks where they pay)."""
+        """Host bytes into ``stream``'s chunks, coded on the CPU by the chunk rule
+        (``s4fs.coding``: deltas against ``base``'s chunks where they pay)."""
         from s4fs import codec
-        from s4fs.ingest import base_chunk, chunk_result
+        from s4fs.coding import base_chunk, chunk_result
         step = self.cfg.chunk_size
         for k, o in enumerate(range(0, len(mv), step)):
             piece = mv[o: o + step]
@@ -692,13 +692,13 @@ def load(path, map_location=None, **load_kwargs):
     usable GPU codec) the storages are decoded on that device."""
     import pickle
     import torch
-    from s4fs import api
+    from s4fs import paths
     if "mmap" in load_kwargs or not wants_device_load(map_location):
-        with api.open(path) as f:
+        with paths.open(path) as f:
             return torch.load(f, map_location=map_location, **load_kwargs)
     dev = _cuda_target(map_location)
     stages = _Stages("load")
-    fs, rel = api.resolve(path)
+    fs, rel = paths.resolve(path)
     m = fs.manifest(rel)
     weights_only = load_kwargs.pop("weights_only", None)
     pickle_module = load_kwargs.pop("pickle_module", None)
@@ -728,7 +728,7 @@ def load(path, map_location=None, **load_kwargs):
     for name, info in sizes.items():
         off = starts.get(name)
         if off is None:                   # not a tensor stream: its header, read for real
-            with api.open(path) as g:
+            with paths.open(path) as g:
                 g.seek(info.header_offset)
                 nlen, elen = struct.unpack_from("<HH", g.read(30), 26)
             off = info.header_offset + 30 + nlen + elen
@@ -760,8 +760,8 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
         if hit is not None and _stream_at(m, hit[0], off, n):
             plans.append((name, hit[1]))
         else:
-            from s4fs import api
-            with api.open(path) as f:
+            from s4fs import paths
+            with paths.open(path) as f:
                 f.seek(off)
                 data = f.read(n)
             t = torch.empty(n, dtype=torch.uint8, device=dev)

@@ -488,7 +488,7 @@ class WriteHandle:
             self._cond.wait()
 
     def _ingest_loop(self) -> None:
-        from s4fs.ingest import lower_priority
+        from s4fs.coding import lower_priority
         lower_priority(self.fs.cfg.ingest.nice)
         s = None
         try:

@@ -298,7 +298,7 @@ def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
     import numpy as np
     from s4fs import codec
     from s4fs.codec import gpu
-    from s4fs.gpu_worker import code_on_device
+    from s4fs.coding import code_on_device
     from s4fs.ingest import IngestConfig
     from s4fs.manifest import ChunkRef
     emulated_gpu(monkeypatch)

@@ -1,4 +1,4 @@
-"""The GPU worker process (s4fs.gpu_pool): a mount that codes on the GPU sends its spool
+"""The GPU worker process (s4fs.coding._gpu_pool): a mount that codes on the GPU sends its spool
 batches and its decode-ahead batches to one process that owns the GPU, not to threads
 of the daemon. Here that process runs the emulated GPU (the real kernels compiled for
 the CPU, zlib for nvCOMP, the ``portable`` profile so any CPU reads the blobs back);
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from emulated_gpu import emulated_gpu
-from s4fs import gpu_pool, workers
+from s4fs.coding import _cpu_pool as workers, _gpu_pool as gpu_pool
 from s4fs.codec import inspect
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig

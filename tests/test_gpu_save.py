@@ -378,7 +378,7 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
     ``processes`` (as a mount runs) in the GPU worker process, fed from spool files."""
     import io
 
-    from s4fs import gpu_pool
+    from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.ingest import IngestConfig
     from s4fs.stores import LocalStore

@@ -1,4 +1,4 @@
-"""Coding in worker processes (s4fs.workers): a session fed from a spool file sends its
+"""Coding in worker processes (s4fs.coding._cpu_pool): a session fed from a spool file sends its
 chunks to other processes as spool byte ranges; every byte must come back exact, and a
 worker that dies or a spool that changes under it fails the save — never wrong bytes."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from s4fs import workers
+from s4fs.coding import _cpu_pool as workers
 from s4fs.errors import CodecError, S4Error
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.ingest import IngestConfig

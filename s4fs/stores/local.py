@@ -112,7 +112,7 @@ class LocalStore(Store):
         self._marked = False                   # .s4fs-layout known to be on disk
 
     def __reduce__(self):
-        # worker processes (s4fs.workers) get the store by pickle: its root is enough
+        # worker processes (s4fs.coding) get the store by pickle: its root is enough
         return (LocalStore, (str(self.root),))
 
     # --- layout ----------------------------------------------------------------------

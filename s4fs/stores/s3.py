@@ -261,7 +261,7 @@ class S3Store(Store):
         return cls(parts.netloc, unquote(parts.path), base, **options)
 
     def __reduce__(self):
-        # worker processes (s4fs.workers) get the store by pickle and make their own client
+        # worker processes (s4fs.coding) get the store by pickle and make their own client
         return (S3Store, (self.bucket, self.prefix, self.options))
 
     def __repr__(self) -> str:

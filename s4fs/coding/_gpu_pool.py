@@ -1,18 +1,19 @@
 """The GPU worker process: the one process of a mount that owns the GPU.
 
-A mount's daemon moves bytes; it does not code them (:mod:`s4fs.workers`). When the mount
-codes on the GPU (``--device cuda``, or ``auto`` where ``s4fs.codec._device.pipeline``
-picks it), the same batches the CPU worker processes take — a file's chunks named by
-their byte ranges in its spool, a cold file's chunks to decode ahead into the decoded
-cache — go to one worker process that owns the GPU instead. There:
+A mount's daemon moves bytes; it does not code them (the CPU workers: ``_cpu_pool``).
+When the mount codes on the GPU (``--device cuda``, or ``auto`` where
+``s4fs.codec._device.pipeline`` picks it), the same batches the CPU worker processes
+take — a file's chunks named by their byte ranges in its spool, a cold file's chunks to
+decode ahead into the decoded cache — go to one worker process that owns the GPU
+instead. There:
 
 * a batch to code is ``pread`` from the spool, its delta bases read (from the base
   version's decoded copy, else the store), coded by one ``compress_many`` call on the
-  process's GPU thread with :mod:`s4fs.gpu_worker`'s rules (deltas, every chunk's
-  checksum taken from its blob's header as the device computed it and compared with the
-  daemon's, the CPU as a fallback), and its pack put in the store;
+  process's GPU thread under the chunk rule (its device half: ``_device_batch``; deltas,
+  every chunk's checksum taken from its blob's header as the device computed it and
+  compared with the daemon's, the CPU as a fallback), and its pack put in the store;
 * a batch to decode goes through ``s4fs.reader.decode_on_gpu`` (every blob checked) and
-  is written at its file offsets.
+  is written at its file offsets (``_device_batch.decode_into``).
 
 A few threads in the worker overlap one batch's reads and writes with another's coding;
 only the GPU thread touches the device. Before, this ran on threads of the daemon, where
@@ -20,12 +21,14 @@ every staging copy, ``pread`` and ``pwrite`` competed for the daemon's interpret
 the FUSE requests of the save or load it served: the cuda mount saved and cold-loaded
 slower than the CPU workers on the H200 box.
 
-Contract (the same as :class:`s4fs.workers.Pool`): :meth:`GpuPool.submit` (a
-:class:`~s4fs.workers.Job`, its Future holds a :class:`~s4fs.workers.JobResult`),
-:meth:`GpuPool.submit_decode` (a :class:`~s4fs.workers.DecodeJob`), :meth:`GpuPool.result`
-(raises :class:`~s4fs.workers.WorkerDied` when the process ended under a batch; the next
-submit starts a fresh one), ``max_in_flight`` (batches a session keeps queued), ``warm``,
-``pids``, ``close``. Memory: the worker holds at most ``THREADS`` batches on the host
+Contract: :class:`~s4fs.coding.CodingPool`'s (the same as the CPU workers'):
+:meth:`GpuPool.submit` (a :class:`~s4fs.coding.Job`, its Future holds a
+:class:`~s4fs.coding.JobResult`), :meth:`GpuPool.submit_decode` (a
+:class:`~s4fs.coding.DecodeJob`), :meth:`GpuPool.result` (raises
+:class:`~s4fs.coding.WorkerDied` when the process ended under a batch; the next submit
+starts a fresh one), ``max_in_flight`` (batches a session keeps queued), ``warm``,
+``pids``, ``close``; and :meth:`GpuPool.decode_blob`, one chunk the daemon reads itself.
+Memory: the worker holds at most ``THREADS`` batches on the host
 (``IngestConfig.gpu_batch_bytes`` raw each, plus their blobs) and the codec's device
 scratch of one batch at a time (about 4× the batch), on top of its CUDA context.
 """
@@ -40,15 +43,14 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING
 
+from s4fs.coding import _worker
+from s4fs.coding._jobs import DecodeJob, ItemResult, Job, JobResult, died
+from s4fs.coding._pool import KEEP, CodingPool, ProcessWide
+from s4fs.coding._rule import DELTA, FULL, SAME, delta_prep
 from s4fs.errors import CodecError
-from s4fs.workers import ProcessWide
 
-if TYPE_CHECKING:
-    from s4fs.workers import DecodeJob, Job, JobResult
-
-log = logging.getLogger("s4fs.gpu_worker")
+log = logging.getLogger(__name__)
 
 THREADS = 8            # batches the worker reads, codes or writes at once
 MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batch_bytes)
@@ -62,15 +64,13 @@ WORKER_INIT: str | None = None
 
 def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
-    from s4fs import workers
-    from s4fs.gpu_worker import code_items, delta_prep
+    from s4fs.coding._device_batch import code_items
     from s4fs.delta import collecting_notes
-    from s4fs.ingest import DELTA, FULL, SAME
-    with workers.job_files(job) as (fd, base_fd), collecting_notes() as notes:
+    with _worker.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
-        datas = [workers.read_item(fd, it) for it in job.items]
+        datas = [_worker.read_item(fd, it) for it in job.items]
         prep = [delta_prep(data, it.base, job.cfg,
-                           lambda it=it: workers._base_bytes(job, it, base_fd))
+                           lambda it=it: _worker.item_base(job, it, base_fd))
                 for it, data in zip(job.items, datas)]
         t1 = time.perf_counter()
         coded = code_items([(d, it.dtype, it.base) for d, it in zip(datas, job.items)],
@@ -79,30 +79,29 @@ def code_batch(job: Job) -> JobResult:
         results, blobs, pos = [], [], 0
         for it, (blob, base, sum_, _) in zip(job.items, coded):
             if sum_ != it.checksum:             # the device's hash of what it coded
-                raise workers.spool_changed()
+                raise _worker.spool_changed()
             if blob is None:
-                results.append(workers.ItemResult(SAME, 0, 0))
+                results.append(ItemResult(SAME, 0, 0))
                 continue
-            results.append(workers.ItemResult(DELTA if base is not None else FULL, pos,
+            results.append(ItemResult(DELTA if base is not None else FULL, pos,
                                               len(blob)))
             blobs.append(blob)
             pos += len(blob)
         if blobs:
-            workers._open(job.store).put_parts(job.pack, blobs)
+            _worker.store_for(job.store).put_parts(job.pack, blobs)
         t3 = time.perf_counter()
         log.info("coded %d chunks (%.1f MiB) in %.0f ms: read %.0f, code %.0f, put %.0f",
                  len(datas), sum(map(len, datas)) / 2**20, 1e3 * (t3 - t0),
                  1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
-        return workers.JobResult(tuple(results), pos, tuple(notes))
+        return JobResult(tuple(results), pos, tuple(notes))
 
 
 def decode_batch(job: DecodeJob) -> int:
     """Decode one batch of a cold file's chunks on the GPU into its decoded-cache copy
     (runs in the GPU worker process)."""
-    from s4fs import workers
-    from s4fs.fill import decode_on_gpu_into
+    from s4fs.coding._device_batch import decode_into
     t0 = time.perf_counter()
-    n = decode_on_gpu_into(workers._source(job.store), job)
+    n = decode_into(_worker.source_for(job.store), job)
     log.info("decoded ahead %d chunks (%.1f MiB) in %.0f ms", n,
              sum(ref.raw for ref, _ in job.items) / 2**20, 1e3 * (time.perf_counter() - t0))
     return n
@@ -147,11 +146,10 @@ def _serve(conn, nice: int, parent: int, init: str | None, threads: int,
            log_level: int = logging.WARNING) -> None:
     """The worker process: run each request on a thread, send each answer back. It logs
     as the daemon does (its standard error is the daemon's), at the daemon's level."""
-    from s4fs.workers import _init_worker
     logging.basicConfig(level=log_level,
                         format="%(asctime)s.%(msecs)03d s4fs: %(levelname)s %(name)s "
                                "(GPU worker): %(message)s", datefmt="%H:%M:%S")
-    _init_worker(nice, parent)
+    _worker.init_worker(nice, parent)
     if init:
         mod, _, fn = init.partition(":")
         getattr(importlib.import_module(mod), fn)()
@@ -188,7 +186,7 @@ class _Worker:
         self.send_lock = threading.Lock()
 
 
-class GpuPool:
+class GpuPool(CodingPool):
     """The GPU worker process, as a pool of one (started on first use, started again
     after it died)."""
 
@@ -273,8 +271,7 @@ class GpuPool:
                            doing="decoding", then="the read fails; try it again")
 
     def result(self, fut: Future, what: str, *, doing: str = "coding",
-               then: str = "this version was not stored and the previous one stays"):
-        from s4fs.workers import died
+               then: str = KEEP):
         try:
             return fut.result()
         except BrokenProcessPool:
@@ -319,4 +316,5 @@ def pool(nice: int = 0) -> GpuPool:
 
 
 def shutdown() -> None:
+    """Stop the process-wide GPU worker (the next save starts it again)."""
     _shared.shutdown()

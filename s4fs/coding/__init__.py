@@ -1,0 +1,62 @@
+"""Coding: how a file's chunks become stored blobs, and where that work runs.
+
+* the chunk rule (``_rule``): a chunk is stored whole (FULL), as an XOR delta against
+  the matching chunk of the base version (DELTA) or as that chunk itself (SAME) —
+  :func:`code_chunk`, :func:`chunk_result`, :func:`delta_prep` and their tests of size;
+* delta bases (``_bases``): which base chunk a chunk is coded against and where its
+  bytes come from (:class:`BaseFile`, :func:`base_bytes`);
+* the jobs and results passed to pools (``_jobs``) and the one pool interface,
+  :class:`CodingPool` (``_pool``);
+* the pools: the CPU worker processes (``_cpu_pool``), the GPU worker process
+  (``_gpu_pool``), threads of this process for the API (``_threads``); the daemon's
+  side of the process pools (``_spool``: :class:`SpoolCoding`, :func:`coding_pool`);
+* the device side of coding one batch (``_device_batch``), shared by the GPU worker,
+  the API's GPU batches and the device save.
+
+``coding`` imports the codec, the manifest, the stores' pickled specs, the reader's
+chunk source and ``s4fs.delta``'s notes; never the ingest, the filesystem or the API.
+"""
+
+from s4fs.coding._bases import BaseFile, base_bytes, base_chunk, base_from_file, base_streams
+from s4fs.coding._config import IngestConfig
+from s4fs.coding._device_batch import code_items, code_on_device, decode_into
+from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, JobResult,
+                               WorkerDied, died)
+from s4fs.coding._pool import CodingPool, ProcessWide
+from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_chunk, delta_candidate,
+                               delta_is_tiny, delta_prep, keep_delta)
+from s4fs.coding._spool import SpoolCoding, coding_pool
+from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
+
+
+def gpu_worker(nice: int = 0):
+    """The process-wide GPU worker process (a :class:`CodingPool`; started on first
+    use)."""
+    from s4fs.coding import _gpu_pool
+    return _gpu_pool.pool(nice)
+
+
+def cpu_workers(workers: int, nice: int = 0):
+    """The process-wide CPU worker processes (a :class:`CodingPool`; started on first
+    use)."""
+    from s4fs.coding import _cpu_pool
+    return _cpu_pool.pool(workers, nice)
+
+
+def shutdown() -> None:
+    """Stop the process-wide worker processes, CPU and GPU (the next save starts them
+    again)."""
+    from s4fs.coding import _cpu_pool, _gpu_pool
+    _cpu_pool.shutdown()
+    _gpu_pool.shutdown()
+
+
+__all__ = [
+    "BaseFile", "ChunkBatch", "CodingPool", "DELTA", "DecodeJob", "FULL", "GpuBatches",
+    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "ProcessWide", "SAME",
+    "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
+    "base_from_file", "base_streams", "chunk_result", "code_chunk", "code_items",
+    "code_on_device", "coding_pool", "cpu_workers", "decode_into", "delta_candidate",
+    "delta_is_tiny", "delta_prep", "died", "gpu_worker", "keep_delta", "lower_priority",
+    "shutdown",
+]

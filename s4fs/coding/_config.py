@@ -1,0 +1,35 @@
+"""The configuration of a file's ingest and of the coding it asks for (one frozen
+dataclass; ``s4fs.ingest`` re-exports it, where users have always found it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    chunk_size: int = 4 << 20          # raw bytes per chunk (a multiple of every itemsize)
+    pack_size: int = 32 << 20          # stored bytes per pack object
+    workers: int = max(2, os.cpu_count() or 2)
+    max_pending_chunks: int = 0        # chunks being coded at once; 0: twice the workers
+    max_uploads: int = 4
+    # "cpu", "cuda" or "auto" (the GPU when one is usable: s4fs.codec._device.pipeline).
+    # On the GPU, chunks are coded in batches of about gpu_batch_bytes by one worker on
+    # the process's GPU thread (s4fs.coding: GpuBatches, the GPU worker process); the
+    # API keeps the CPU unless asked.
+    device: str = "cpu"
+    gpu_batch_bytes: int = 64 << 20
+    # the GPU profile's name (s4fs.codec.gpu.PROFILES): "default" codes planes with nvCOMP
+    # ANS (a GPU decodes them); "portable" writes blobs any CPU decodes
+    gpu_profile: str = "default"
+    # background coding yields the CPU to the training job and to the FUSE requests it
+    # waits on (a nice value for the coding threads; 0 keeps the normal priority)
+    nice: int = 10
+    max_delta_depth: int = 4           # a delta chain never grows past this
+    delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
+    # A session fed from a spool file codes in worker processes (s4fs.coding's CPU
+    # workers or GPU worker) when this is set (the mount sets it): chunks are sent as
+    # spool byte ranges in batches of about batch_bytes, one pack each.
+    processes: bool = False
+    batch_bytes: int = 16 << 20

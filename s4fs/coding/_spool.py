@@ -1,0 +1,204 @@
+"""The daemon's side of coding in worker processes: a file fed from a spool file
+becomes batches of spool byte ranges (never the bytes), sent to the process pool
+(:func:`coding_pool`), and the answers become chunk references. The daemon keeps only
+hashes and positions."""
+
+from __future__ import annotations
+
+import pickle
+from collections import deque
+from concurrent.futures import Future
+
+import xxhash
+
+from s4fs import keys
+from s4fs.codec import _device
+from s4fs.coding._bases import BaseFile, base_chunk
+from s4fs.coding._config import IngestConfig
+from s4fs.coding._jobs import Item, Job
+from s4fs.coding._pool import CodingPool
+from s4fs.coding._rule import DELTA, SAME
+from s4fs.delta import note_unreadable_base, saw_pack
+from s4fs.manifest import ChunkRef, Stream
+
+
+def coding_pool(cfg: IngestConfig) -> CodingPool:
+    """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
+    the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
+    pipeline on the GPU."""
+    if _device.pipeline(cfg.device) == "cuda":
+        from s4fs.coding import _gpu_pool
+        return _gpu_pool.pool(cfg.nice)
+    from s4fs.coding import _cpu_pool
+    return _cpu_pool.pool(cfg.workers, cfg.nice)
+
+
+class _Chunk:
+    """A chunk being gathered for a worker: its spool ranges and a running hash."""
+
+    __slots__ = ("ranges", "length", "hasher")
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.length = 0
+        self.hasher = xxhash.xxh3_64()
+
+    def add(self, offset: int, piece) -> None:
+        n = len(piece)
+        if self.ranges and sum(self.ranges[-1]) == offset:
+            o, m = self.ranges[-1]
+            self.ranges[-1] = (o, m + n)
+        else:
+            self.ranges.append((offset, n))
+        self.length += n
+        self.hasher.update(piece)
+
+
+class _Batch:
+    __slots__ = ("items", "pending", "nbytes", "key", "future", "result")
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.nbytes = 0
+        self.key = ""
+        self.future: Future | None = None
+        self.result = None
+
+
+class SpoolCoding:
+    """The worker-process side of one file fed from a spool file: chunks become spool
+    byte ranges, batched (one pack per batch), and each chunk's reference is appended to
+    its stream in order as the batches come back.
+
+    ``raw`` is the file's raw stream; tensor pieces name their stream and its base
+    stream (``bases``: where the base version's chunks lie in its decoded copy);
+    ``label`` names the file in errors. ``packs`` lists the packs written."""
+
+    def __init__(self, store, cfg: IngestConfig, spool_path: str, raw: Stream,
+                 bases: BaseFile, label: str = "") -> None:
+        self.store, self.cfg, self.label = store, cfg, label
+        self.pool = coding_pool(cfg)
+        self.batch_bytes = (cfg.gpu_batch_bytes if _device.pipeline(cfg.device) == "cuda"
+                            else cfg.batch_bytes)
+        self.store_spec = pickle.dumps(store)
+        self.spool = spool_path
+        self._bases = bases
+        self.base_file = bases.path
+        self.packs: list[str] = []
+        self._pending: deque = deque()      # (stream, batch, index, raw, checksum, base)
+        self._batch = _Batch()
+        self._submitted: deque[_Batch] = deque()
+        self._raw_stream = raw
+        self._raw = _Chunk()
+        self._tensor = _Chunk()
+        self._tensor_stream: Stream | None = None
+        self._tensor_base: Stream | None = None
+        self._tensor_idx = 0                # chunks emitted for the current tensor
+
+    # --- pieces in -------------------------------------------------------------------
+
+    def raw_piece(self, offset: int, piece) -> None:
+        self._cut(offset, piece, "_raw", self._emit_raw)
+
+    def tensor_piece(self, offset: int, piece, stream: Stream, base: Stream | None) -> None:
+        """``piece`` of tensor ``stream`` (coded against ``base``, a stream of the base
+        version, if any) lies at ``offset`` of the spool."""
+        self._tensor_stream, self._tensor_base = stream, base
+        self._cut(offset, piece, "_tensor", self._emit_tensor)
+
+    def _cut(self, offset: int, piece, which: str, emit) -> None:
+        """Add ``piece`` (at spool ``offset``) to the chunk ``which``; each time it is
+        full, ``emit`` sends it off and starts the next."""
+        step = self.cfg.chunk_size
+        mv = memoryview(piece)
+        while len(mv):
+            chunk = getattr(self, which)
+            take = mv[: step - chunk.length]
+            chunk.add(offset, take)
+            offset += len(take)
+            mv = mv[len(take):]
+            if chunk.length == step:
+                emit()
+
+    def _emit_raw(self) -> None:
+        self._emit(self._raw_stream, self._raw, "bytes", None, None)
+        self._raw = _Chunk()
+
+    def end_tensor_chunk(self) -> None:
+        """The current tensor ends: its last, shorter chunk goes too."""
+        if self._tensor.length:
+            self._emit_tensor()
+        self._tensor_idx = 0
+
+    def _emit_tensor(self) -> None:
+        base = base_chunk(self._tensor_base, self._tensor_idx)
+        where = (self._bases.range_of(self._tensor_base, self._tensor_idx)
+                 if base is not None else None)
+        self._emit(self._tensor_stream, self._tensor, self._tensor_stream.dtype, base,
+                   where)
+        self._tensor_idx += 1
+        self._tensor = _Chunk()
+
+    # --- batches ---------------------------------------------------------------------
+
+    def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where) -> None:
+        sum_ = chunk.hasher.intdigest()
+        b = self._batch
+        b.items.append(Item(tuple(chunk.ranges), dtype, sum_, base, where))
+        b.nbytes += chunk.length
+        self._pending.append((stream, b, len(b.items) - 1, chunk.length, sum_, base))
+        if b.nbytes >= self.batch_bytes or len(b.items) >= 1024:
+            self._submit()
+
+    def _submit(self) -> None:
+        b = self._batch
+        if not b.items:
+            return
+        self._batch = _Batch()
+        while len(self._submitted) >= self.pool.max_in_flight:
+            self._drain_oldest()
+        b.key = keys.new_pack_key()
+        b.future = self.pool.submit(Job(self.store_spec, self.spool, b.key, tuple(b.items),
+                                        self.base_file, self.cfg))
+        self._submitted.append(b)
+
+    def _drain_oldest(self) -> None:
+        b = self._submitted[0]
+        while self._submitted and self._submitted[0] is b:
+            self._drain_one()                 # pops the batch with its last chunk
+
+    def _drain_one(self) -> None:
+        stream, b, i, raw, sum_, base = self._pending.popleft()
+        if b.result is None:
+            b.result = self.pool.result(b.future, repr(self.label or self.spool))
+            if b.result.stored:
+                self.packs.append(b.key)
+                saw_pack(self.store, b.key, b.result.stored)
+            for what, why in b.result.notes:
+                note_unreadable_base(what, why)
+        r = b.result.items[i]
+        if r.kind == SAME:
+            ref = base
+        elif r.kind == DELTA:
+            ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, base.depth + 1, base)
+        else:
+            ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, 0, None)
+        stream.chunks.append(ref)
+        if self._submitted and self._submitted[0] is b and \
+                (not self._pending or self._pending[0][1] is not b):
+            self._submitted.popleft()
+
+    def finish(self) -> None:
+        """Send what is left and wait until every batch's pack is stored."""
+        if self._raw.length:
+            self._emit_raw()
+        self._submit()
+        while self._pending:
+            self._drain_one()
+
+    def abort(self) -> None:
+        for b in self._submitted:
+            if b.future is not None:
+                b.future.cancel()
+        self._submitted.clear()
+        self._pending.clear()
