@@ -785,7 +785,7 @@ class Filesystem:
                 raise AlreadyExists(f"{path!r} already exists")
             if w.share(truncate=truncate):      # outside our lock: see the module docstring
                 return w
-            self._release_writer(w)             # it closed meanwhile: open a new one
+            self.release_writer(w)             # it closed meanwhile: open a new one
         try:
             a = self.stat(path)
         except NotFound:
@@ -823,7 +823,8 @@ class Filesystem:
     def _drop_writer(self, path: str, w: WriteHandle) -> None:
         self._writer_gone(w, path)
 
-    def _release_writer(self, w: WriteHandle) -> None:
+    def release_writer(self, w: WriteHandle) -> None:
+        """(WriterPort) ``w`` closed or failed."""
         self._writer_gone(w, w.path)
 
     def _writer_gone(self, w: WriteHandle, path: str) -> None:

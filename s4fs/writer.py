@@ -36,9 +36,10 @@ When a file is committed (docs/SEMANTICS.md):
   committed from a failed handle. After acceptance (writeback) errors are retried.
 
 Locking: the handle's lock is taken after the filesystem's, never before — nothing here
-calls into :class:`~s4fs.fs.Filesystem` while holding the handle lock except ``commit``
-and the short ``_release_writer``, which take only the filesystem's own short lock, and
-the filesystem never calls a handle while holding its lock.
+calls into the filesystem (:class:`WriterPort`) while holding the handle lock except
+``commit``, ``saw_commit`` and the short ``release_writer``, which take only the
+filesystem's own short lock, and the filesystem never calls a handle while holding its
+lock.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from s4fs import metrics
 from s4fs.errors import S4Error
@@ -60,7 +61,40 @@ from s4fs.spool import Spool
 log = logging.getLogger("s4fs.writer")
 
 if TYPE_CHECKING:
-    from s4fs.fs import Filesystem
+    from s4fs.committer import Committer
+    from s4fs.filecache import DecodedCache
+    from s4fs.fs import FsConfig
+    from s4fs.journal import Journal
+    from s4fs.reader import ChunkSource
+
+
+class WriterPort(Protocol):
+    """What a write handle needs from the filesystem it writes into (s4fs.fs.Filesystem
+    is the one implementation; tests may give their own). Every call may be made with
+    the handle's lock held; none of them calls back into the handle."""
+
+    cfg: "FsConfig"                   # writeback on or off, the ingest settings
+    spool_dir: str                    # where spools are made
+    journal: "Journal"                # writeback: accepted files, replayed after a crash
+    committer: "Committer"            # writeback: background commits
+    decoded: "DecodedCache | None"    # keeps a committed spool as the version's copy
+    source: "ChunkSource"             # reads the version a file opened without O_TRUNC had
+
+    def make_room(self, nbytes: int) -> bool:
+        """The cache disk is full: give space back; True if any was freed."""
+
+    def new_session(self, path: str, previous: Manifest | None,
+                    spool: str | None = None) -> IngestSession:
+        """The ingest of a new version of ``path`` (its delta base chosen there)."""
+
+    def commit(self, path: str, m: Manifest) -> None:
+        """Write ``m`` as the manifest of ``path``: the one atomic step of a save."""
+
+    def saw_commit(self, w: "WriteHandle", m: Manifest) -> None:
+        """``w`` committed ``m``, exactly the bytes written through it."""
+
+    def release_writer(self, w: "WriteHandle") -> None:
+        """``w`` closed or failed: the file is its last committed version again."""
 
 _STEP = 4 << 20           # bytes the ingest thread reads from the spool at a time
 
@@ -77,7 +111,7 @@ class State(enum.Enum):
 class WriteHandle:
     """One file open for writing on this mount, shared by every descriptor open on it."""
 
-    def __init__(self, fs: "Filesystem", path: str, mode: int, *,
+    def __init__(self, fs: WriterPort, path: str, mode: int, *,
                  initial: Manifest | None, previous: Manifest | None,
                  spool: Spool | None = None) -> None:
         self.fs, self.path, self.mode = fs, path, mode
@@ -228,7 +262,7 @@ class WriteHandle:
             return True
 
     @classmethod
-    def recovered(cls, fs: "Filesystem", entry, previous: Manifest | None) -> "WriteHandle":
+    def recovered(cls, fs: WriterPort, entry, previous: Manifest | None) -> "WriteHandle":
         """A file accepted before the daemon stopped (writeback journal): shown again at
         once, committed in the background."""
         spool = Spool.reopen(entry.spool, entry.path, make_room=fs.make_room)
@@ -461,7 +495,7 @@ class WriteHandle:
         if self._session is not None:
             self._session.abort()
             self._session = None
-        self.fs._release_writer(self)
+        self.fs.release_writer(self)
 
     # --- background ingest -----------------------------------------------------------
 
@@ -620,7 +654,7 @@ class WriteHandle:
                     self._session = None
                 self.spool.close(remove=False)
                 self.state = State.CLOSED
-                self.fs._release_writer(self)
+                self.fs.release_writer(self)
             else:
                 self._close()
 
@@ -639,4 +673,4 @@ class WriteHandle:
             self.fs.decoded.adopt(self.previous.id, self.spool)
         else:
             self.spool.close()
-        self.fs._release_writer(self)
+        self.fs.release_writer(self)
