@@ -286,7 +286,7 @@ class Filesystem:
         self._remember(path, m)
         with self._lock:
             node = self._nodes.get(path)
-            if node is not None:
+            if node is not None and (node.readers > 0 or node.writer is not None):
                 node.version = m
                 node.changed()
 
@@ -667,6 +667,7 @@ class Filesystem:
             if node.readers <= 0 and node.pin is not None:
                 pin, node.pin = node.pin, None
                 self._pinned.discard(node)
+            _forget_idle_version(node)
         if pin is not None:
             self._unpin(pin)
 
@@ -847,7 +848,8 @@ class Filesystem:
             drop = cid is None
             if drop:
                 node.kernel_id = None
-            gone = drop and node.version is None
+            gone = drop and w.previous is None        # its first save failed
+            _forget_idle_version(node)
         if drop:
             # a failed first save leaves no file at all: the kernel forgets its name too
             self._invalidate(node, gone=gone)
@@ -884,6 +886,14 @@ def _version_attr(path: str, m: Manifest) -> Attr:
     """A committed version."""
     atime, mtime, ctime = m.times_ns()
     return Attr(path, False, m.size, m.mode, m.mtime, m.stored_bytes(), mtime, atime, ctime)
+
+
+def _forget_idle_version(node: FileNode) -> None:
+    """(Under ``Filesystem._lock``.) A node nobody reads or writes keeps only what the
+    kernel holds of it (``kernel_id``), not its manifest: a long-running mount that has
+    opened thousands of checkpoints holds thousands of nodes. The next open sets it."""
+    if node.readers <= 0 and node.writer is None:
+        node.version = None
 
 
 def _note_read(node: FileNode) -> None:
