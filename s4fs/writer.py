@@ -259,6 +259,12 @@ class WriteHandle:
             if atime_ns is not None:
                 self.atime_ns = atime_ns
                 self._touch(mtime=False)
+            if self.writeback and self.refs == 0 and self.state is State.STREAMING \
+                    and not self._orphaned:
+                # writeback: the file was accepted and waits for its commit, and no
+                # descriptor is left whose release would accept it again: accept the
+                # changed file now (journalled anew, queued for its commit)
+                self._accept()
             return True
 
     @classmethod

@@ -211,3 +211,62 @@ def test_reads_while_committing_are_exact(mount_factory):
     for i, sd in enumerate(sds):
         got = committed(m.store, f"ckpt_{i}.pt")
         assert torch.equal(torch.load(io.BytesIO(got))["w"], sd["w"])
+
+
+class PutsRefused(LocalStore):
+    """A local store that refuses every put while ``down`` is set (a store outage)."""
+    down = False
+
+    def put(self, key, data, *args, **kw):
+        if self.down:
+            raise OSError("the store is down (test)")
+        return super().put(key, data, *args, **kw)
+
+    def put_parts(self, key, parts, *args, **kw):
+        if self.down:
+            raise OSError("the store is down (test)")
+        return super().put_parts(key, parts, *args, **kw)
+
+
+@pytest.mark.parametrize("change", ["utime", "chmod", "truncate"])
+def test_a_change_to_an_accepted_file_before_its_commit_is_committed(tmp_path, change):
+    """utime / chmod / truncate by path of a file that close() accepted but whose commit
+    has not landed yet (the store is down): the change is kept, and the file, with it,
+    is committed once the store is back — not dropped at unmount."""
+    store = PutsRefused(str(tmp_path / "store"))
+    cfg = FsConfig(writeback=True, metadata_ttl=0.0, decoded_cache_bytes=0,
+                   cache_dir=str(tmp_path / "cache"))
+    fs = Filesystem(store, cfg)
+    data = os.urandom(200_000)
+    store.down = True
+    h = fs.open_write("f.bin")
+    h.write(0, data)
+    h.flush()
+    h.release()                                    # accepted; its commit fails for now
+    assert wait_for(lambda: fs.pending() and fs.pending()[0]["attempts"] >= 1)
+    want = data
+    if change == "utime":
+        fs.set_attrs("f.bin", mtime_ns=1_700_000_000_987_654_321,
+                     atime_ns=1_600_000_000_123_456_789)
+    elif change == "chmod":
+        fs.set_attrs("f.bin", mode=0o600)
+    else:
+        fs.set_attrs("f.bin", size=1000)
+        want = data[:1000]
+    assert [p["path"] for p in fs.pending()] == ["f.bin"]   # still to be committed
+    store.down = False
+    assert fs.sync(timeout=60) == []
+    fs.close()
+    fs = Filesystem(PutsRefused(str(tmp_path / "store")), FsConfig(
+        metadata_ttl=0.0, decoded_cache_bytes=0, cache_dir=str(tmp_path / "cache2")))
+    try:
+        r = fs.open_read("f.bin")
+        assert r.read(0, r.size) == want
+        a = fs.stat("f.bin")
+        if change == "utime":
+            assert a.times_ns()[:2] == (1_600_000_000_123_456_789,
+                                        1_700_000_000_987_654_321)
+        if change == "chmod":
+            assert a.mode & 0o7777 == 0o600
+    finally:
+        fs.close()
