@@ -123,7 +123,7 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
 def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
     from s4fs import coding
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     from s4fs.stores import LocalStore
     ingest = IngestConfig(processes=True, device=device)
     store = os.path.join(work, f"store-{device}")

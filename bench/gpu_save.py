@@ -138,7 +138,7 @@ def main() -> None:
     if args.pack_mib or args.uploads:      # the store's write pattern, for this run
         import dataclasses
         from s4fs.api import close_all
-        from s4fs.ingest import IngestConfig
+        from s4fs.coding import IngestConfig
         ing = IngestConfig()
         ing = dataclasses.replace(ing, pack_size=(args.pack_mib << 20) or ing.pack_size,
                                   max_uploads=args.uploads or ing.max_uploads)

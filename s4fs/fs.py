@@ -4,7 +4,7 @@ Knows nothing about FUSE (``s4fs.mount`` translates FUSE operations into these c
 the Python API uses them directly). Paths are ``"a/b/c"`` strings relative to the store
 root (``""`` is the root). Every method is thread-safe and blocking.
 
-Writes go through :class:`s4fs.writer.WriteHandle` (spool first, ingest behind the
+Writes go through :class:`s4fs.write.WriteHandle` (spool first, ingest behind the
 writes, commit at close; see that module for the states and when a file is committed);
 this module keeps the namespace: which paths exist, their manifests, and the handles open
 on them. ``commit`` writes a manifest — the one atomic step of a save — and only then does
@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 from s4fs import keys, sealed
 from s4fs.codec import _device
+from s4fs.coding import IngestConfig
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound, S4Error)
-from s4fs.ingest import IngestConfig, IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.node import FileNode, NodeReader
 from s4fs.reader import ChunkSource, FileReader, ReadHandle
 from s4fs.stores import LocalStore, Store
-from s4fs.writer import State, WriteHandle
+from s4fs.write import Committer, IngestSession, Journal, State, WriteHandle, new_session
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
            "WriteHandle"]
@@ -56,7 +56,7 @@ class FsConfig:
                                        # the cache disk's room; None: auto; 0: off
     pack_cache_dir: str | None = None  # where those live; <cache_dir>/packs if None
     # close() returns once the spool holds every byte; commits run in the background,
-    # journalled and replayed after a crash (s4fs.writer, s4fs.journal)
+    # journalled and replayed after a crash (s4fs.write)
     writeback: bool = False
     # whole committed files kept for reads (s4fs.filecache); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
@@ -138,8 +138,6 @@ class Filesystem:
         # name too when the file no longer exists: ``(node, gone)``, from any thread;
         # must not block on the kernel
         self.on_invalidate = None
-        from s4fs.committer import Committer
-        from s4fs.journal import Journal
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
         self.committer = Committer()
         self._replay()
@@ -856,21 +854,9 @@ class Filesystem:
 
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
-        """The ingest of a new version of ``path``; ``spool``: the file it is fed from
-        (then the coding may run in worker processes that read it, s4fs.coding)."""
-        base = base_path = None
-        if self.cfg.delta:
-            from s4fs.delta import choose_base
-            chosen = choose_base(self, path, previous)
-            if chosen is not None:
-                base_path, base = chosen
-        base_file = None
-        if base is not None and self.decoded is not None:
-            base_file = self.decoded.path_of(base.id)
-        return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
-                             source=self.source, on_pack=self.pack_cache.put
-                             if self.pack_cache is not None else None,
-                             spool_path=spool, base_file=base_file, label=path)
+        """(WriterPort) The ingest of a new version of ``path``, its delta base chosen
+        by the write room (s4fs.write.bases)."""
+        return new_session(self, path, previous, spool)
 
 
 TEMP_CACHE_PREFIX = "s4fs-cache-"

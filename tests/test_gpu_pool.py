@@ -15,7 +15,7 @@ from emulated_gpu import emulated_gpu
 from s4fs.coding import _cpu_pool as workers, _gpu_pool as gpu_pool
 from s4fs.codec import inspect
 from s4fs.fs import Filesystem, FsConfig
-from s4fs.ingest import IngestConfig
+from s4fs.coding import IngestConfig
 from s4fs.stores import LocalStore
 from test_workers import (adversarial_state, change_the_spool_during_a_save,
                           kill_workers_during_a_save, read,

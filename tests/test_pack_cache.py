@@ -282,7 +282,7 @@ def test_concurrent_puts_stay_within_the_disk(small_disk):
 @pytest.mark.s3
 def test_large_save_over_s3_with_a_small_cache_disk(small_disk, make_s3_store, tmp_path):
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
 
     # no decoded cache: the reads below must go through the packs
     cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False, decoded_cache_bytes=0,

@@ -65,7 +65,7 @@ WORKER_INIT: str | None = None
 def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs.coding._device_batch import code_items
-    from s4fs.delta import collecting_notes
+    from s4fs.coding._bases import collecting_notes
     with _worker.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
         datas = [_worker.read_item(fd, it) for it in job.items]

@@ -15,24 +15,29 @@ smaller of the chunk's own coding and its XOR with the base chunk; chains are bo
 ``IngestConfig.max_delta_depth``.
 
 A damaged base never stops a save: a base whose packs are not all in the store is passed
-over (:func:`missing_packs`), and a base chunk that cannot be read is not coded against
-(:func:`readable_base`); either is warned about once.
+over (``s4fs.coding``'s :func:`missing_packs`), and a base chunk that cannot be read is
+not coded against (``readable_base`` there); either is warned about once.
+
+:func:`new_session` is the write policy the filesystem asks for: the ingest of a new
+version, its base chosen here and read from the base's decoded copy where there is one.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import re
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol
 
 from s4fs import keys
-from s4fs.errors import NotFound, S4Error
+from s4fs.coding import missing_packs, note_unreadable_base
 from s4fs.manifest import Manifest
+from s4fs.write.ingest import IngestSession
 
-_log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from s4fs.fs import FsConfig
+    from s4fs.cache import PackCache
+    from s4fs.filecache import DecodedCache
+    from s4fs.reader import ChunkSource
+    from s4fs.stores import Store
 
 _DIGITS = re.compile(r"\d+")
 MAX_CANDIDATES = 4
@@ -47,7 +52,29 @@ def _number(name: str) -> tuple:
     return tuple(int(x) for x in _DIGITS.findall(name))
 
 
-def _peers(fs, folder: str, name: str) -> list[str]:
+class Namespace(Protocol):
+    """What choosing a base reads of the filesystem (s4fs.fs.Filesystem is the one
+    implementation): the names in a folder, a file's manifest, the store."""
+
+    store: "Store"
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in folder ``path``."""
+
+    def manifest(self, path: str) -> Manifest:
+        """The committed version of ``path``."""
+
+
+class SessionPort(Namespace, Protocol):
+    """What :func:`new_session` needs besides: the settings, the caches, the source."""
+
+    cfg: "FsConfig"                   # delta on or off, the ingest settings
+    decoded: "DecodedCache | None"    # the base's decoded copy, read instead of decoding
+    pack_cache: "PackCache | None"    # keeps the packs the ingest writes
+    source: "ChunkSource"             # the base's chunks, where its copy lacks them
+
+
+def _peers(fs: Namespace, folder: str, name: str) -> list[str]:
     """Names in ``folder`` shaped like ``name`` (other than it), closest earlier number
     first, at most MAX_CANDIDATES."""
     try:
@@ -65,7 +92,7 @@ def _join(folder: str, *parts: str) -> str:
     return "/".join(p for p in (folder, *parts) if p)
 
 
-def candidates(fs, path: str) -> list[str]:
+def candidates(fs: Namespace, path: str) -> list[str]:
     """Paths that may serve as the base of ``path``, most promising first: same-shaped
     names in its folder, then the same name in same-shaped sibling folders."""
     parent, name = keys.parent(path), keys.basename(path)
@@ -83,7 +110,7 @@ def overlap(a: Manifest, b: Manifest) -> int:
                if s.kind == "tensor" and (s.name, s.dtype, s.length) in mine)
 
 
-def choose_base(fs, path: str, previous: Manifest | None,
+def choose_base(fs: Namespace, path: str, previous: Manifest | None,
                 template: Manifest | None = None) -> tuple[str, Manifest] | None:
     """(path, manifest) of the base a new version of ``path`` should use, or None.
 
@@ -107,104 +134,26 @@ def choose_base(fs, path: str, previous: Manifest | None,
         return None
     ref = template or found[0][1]
     for p, m in sorted(found, key=lambda pm: (overlap(ref, pm[1]), pm[1].mtime), reverse=True):
-        why = missing_packs(fs, m)
+        why = missing_packs(fs.store, m)
         if why is None:
             return p, m
         note_unreadable_base(f"file {p}", why, key=m.id)
     return None
 
 
-PACKS_SEEN_TTL = 600.0      # seconds a pack seen whole in the store is not looked at again
-_seen: dict = {}            # (store url, pack key) -> (size, monotonic time seen)
-
-
-def saw_pack(store, key: str, size: int) -> None:
-    """A pack this process has just written whole (no HEAD needed to use it as a base)."""
-    if len(_seen) > 65536:
-        _seen.clear()
-    _seen[store.url, key] = (size, time.monotonic())
-
-
-def missing_packs(fs, m: Manifest) -> str | None:
-    """None when every pack ``m``'s chunks (their delta chains too) need is in the store
-    and long enough; else what is wrong. A new file coded against ``m`` would need those
-    packs: its chunks may be ``m``'s own, or deltas on them, and the base's bytes may come
-    from a local decoded copy that outlived its packs (deleted by hand or by a lifecycle
-    rule). One HEAD per pack, remembered for PACKS_SEEN_TTL."""
-    need = m.pack_ends()
-    url, now = fs.store.url, time.monotonic()
-
-    def seen_whole(key) -> bool:
-        size, when = _seen.get((url, key), (-1, 0.0))
-        return size >= need[key] and now - when < PACKS_SEEN_TTL
-
-    todo = [k for k in need if not seen_whole(k)]
-
-    def probe(key):
-        try:
-            return key, fs.store.head(key).size, None
-        except NotFound:
-            return key, -1, None
-        except (S4Error, OSError) as exc:
-            return key, -1, exc
-
-    if todo:
-        with ThreadPoolExecutor(min(16, len(todo)), thread_name_prefix="s4fs-base-packs") as ex:
-            for key, size, exc in ex.map(probe, todo):
-                if exc is not None:
-                    return f"its pack {key} could not be looked at: {type(exc).__name__}: {exc}"
-                if size < need[key]:
-                    return (f"its pack {key} is missing from the store" if size < 0 else
-                            f"its pack {key} is shorter ({size} bytes) than its chunks need")
-                saw_pack(fs.store, key, size)
-    return None
-
-
-# --------------------------------------------------------------------------- damaged bases
-
-_unreadable: set = set()          # delta bases already warned about
-_notes = threading.local()        # a worker's notes for its parent (collecting_notes)
-
-
-def readable_base(base_bytes, what: str, key: str | None = None):
-    """``base_bytes()``, or None when the base (``what``: a chunk's pack, a file whose
-    chunks a batch decodes) cannot be had: a pack missing or damaged, planes needing a
-    GPU this process lacks, the store failing. What would have been coded against it is
-    then coded in full, and :func:`note_unreadable_base` warns (once per ``key``). A
-    damaged old checkpoint must not stop the next one from being saved; the old one
-    still fails its own reads (never wrong bytes)."""
-    try:
-        return base_bytes()
-    except (S4Error, OSError) as exc:
-        note_unreadable_base(what, f"{type(exc).__name__}: {exc}", key=key)
-        return None
-
-
-def note_unreadable_base(what: str, why: str, key: str | None = None) -> None:
-    """Warn, once per ``key`` (default: ``what``), that a delta base could not be read;
-    inside :func:`collecting_notes` (a worker process), keep the note for the parent."""
-    notes = getattr(_notes, "list", None)
-    if notes is not None:
-        notes.append((what, why))
-        return
-    key = what if key is None else key
-    if key in _unreadable:
-        return
-    if len(_unreadable) > 4096:
-        _unreadable.clear()
-    _unreadable.add(key)
-    _log.warning(
-        "a delta base could not be read (%s: %s); the new file's chunks that would be "
-        "coded against it are stored in full instead. The older checkpoint it belongs to "
-        "may be damaged: run `s4fs verify` on its folder", what, why)
-
-
-@contextlib.contextmanager
-def collecting_notes():
-    """The notes :func:`note_unreadable_base` takes on this thread meanwhile, as a list
-    of ``(what, why)`` (a worker process returns them with its result)."""
-    _notes.list = []
-    try:
-        yield _notes.list
-    finally:
-        _notes.list = None
+def new_session(fs: SessionPort, path: str, previous: Manifest | None,
+                spool: str | None = None) -> IngestSession:
+    """The ingest of a new version of ``path``; ``spool``: the file it is fed from
+    (then the coding may run in worker processes that read it, s4fs.coding)."""
+    base = base_path = None
+    if fs.cfg.delta:
+        chosen = choose_base(fs, path, previous)
+        if chosen is not None:
+            base_path, base = chosen
+    base_file = None
+    if base is not None and fs.decoded is not None:
+        base_file = fs.decoded.path_of(base.id)
+    return IngestSession(fs.store, fs.cfg.ingest, base=base, base_path=base_path,
+                         source=fs.source, on_pack=fs.pack_cache.put
+                         if fs.pack_cache is not None else None,
+                         spool_path=spool, base_file=base_file, label=path)
