@@ -469,7 +469,7 @@ class _DeviceSave:
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
-        device (``s4fs.reader.decode_on_gpu``) before their batch is coded, while the
+        device (``s4fs.read.reader.decode_on_gpu``) before their batch is coded, while the
         packs of the batches before it are being written. (Decoded one batch ahead on a
         thread of their own, beside the coding, they made the save slower on the H200:
         1.59 s instead of 1.13 for a 1.77 GiB GPT + AdamW, the coding and the pack
@@ -520,7 +520,7 @@ class _DeviceSave:
         if not refs:
             return [None] * len(batch)
         from s4fs.coding import readable_base
-        from s4fs.reader import decode_on_gpu
+        from s4fs.read.reader import decode_on_gpu
         # complete when it returns; None (a damaged older checkpoint): coded in full
         decoded = readable_base(lambda: decode_on_gpu(self.fs.source, refs),
                                 f"file {self.base_info['path']}", key=self.base_info["id"])
@@ -751,7 +751,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
     and copied up."""
     import torch
 
-    from s4fs.reader import decode_on_gpu
+    from s4fs.read.reader import decode_on_gpu
     by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
     out: dict[str, object] = {}
     plans = []                                  # (record name, stream)

@@ -176,7 +176,7 @@ def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path
     try:
         r = other.open_read("ckpt.pt")
         try:
-            with caplog.at_level("WARNING", logger="s4fs.fill"), \
+            with caplog.at_level("WARNING", logger="s4fs.read.fill"), \
                     pytest.raises(ChecksumError):
                 torch_load_pattern(r, r.size)
         finally:

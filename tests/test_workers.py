@@ -344,10 +344,10 @@ def test_kill9_at_any_moment_leaves_a_whole_version(mount_factory, extra, delay)
         assert k >= done[-1], f"save {done[-1]} returned, but version {k} is there"
 
 
-# --- decode ahead (s4fs.fill) ------------------------------------------------------------
+# --- decode ahead (s4fs.read.fill) --------------------------------------------------------
 
 def test_plan_places_every_byte_once():
-    from s4fs.fill import plan
+    from s4fs.read.fill import plan
     from s4fs.parse import new_parser  # noqa: F401  (the manifest comes from a real save)
     import tempfile
     with tempfile.TemporaryDirectory() as d:

@@ -34,9 +34,7 @@ from s4fs.write.ingest import IngestSession
 
 if TYPE_CHECKING:
     from s4fs.fs import FsConfig
-    from s4fs.cache import PackCache
-    from s4fs.filecache import DecodedCache
-    from s4fs.reader import ChunkSource
+    from s4fs.read import ChunkSource, DecodedCache, PackCache
     from s4fs.stores import Store
 
 _DIGITS = re.compile(r"\d+")

@@ -62,10 +62,9 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from s4fs.write.committer import Committer
-    from s4fs.filecache import DecodedCache
+    from s4fs.read import ChunkSource, DecodedCache
     from s4fs.fs import FsConfig
     from s4fs.write.journal import Journal
-    from s4fs.reader import ChunkSource
 
 
 class WriterPort(Protocol):
@@ -134,7 +133,7 @@ class WriteHandle:
         self.nwrites = 0                  # write requests since the last commit
         self.closed_at = 0.0              # when the close that commits came
         self._orphaned = False            # unlinked while open: commit nothing
-        self.node = None                  # its file on this mount (s4fs.node), once attached
+        self.node = None                  # its file on this mount (s4fs.read.node), once attached
         self._cond = threading.Condition(threading.RLock())
         self.spool = spool or Spool(fs.spool_dir, path, make_room=fs.make_room)
         # background ingest of the spool's written prefix
@@ -156,7 +155,7 @@ class WriteHandle:
 
     def _fill_from(self, m: Manifest) -> None:
         """An existing file opened without truncation: its bytes become the spool."""
-        from s4fs.reader import FileReader
+        from s4fs.read import FileReader
         reader = FileReader(m, self.fs.source, path=self.path)
         pos = 0
         while pos < m.size:
