@@ -4,7 +4,7 @@
                          [--gpu-fill-batch MiB] [--gpu-threads N] [--work DIR]
     bash bench/gpu.sh fill         # --gib 0.6 --repeat 3 --saves 3, cpu and cuda
 
-A mount's first read of a cold file starts a fill (s4fs/fill.py): the version's chunks
+A mount's first read of a cold file starts a fill (s4fs/read/fill.py): the version's chunks
 are fetched, decoded and written into the decoded cache ahead of the reader, by the CPU
 worker processes or by the GPU worker process. This bench takes the FUSE layer and
 torch out of the way: per device it saves one checkpoint as the mount does (spool, then
@@ -123,7 +123,7 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
 def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
     from s4fs import coding
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     from s4fs.stores import LocalStore
     ingest = IngestConfig(processes=True, device=device)
     store = os.path.join(work, f"store-{device}")
@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     a = ap.parse_args()
-    from s4fs import fill
+    from s4fs.read import fill
     from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.codec import gpu_available
     devices = a.devices or ("cpu,cuda" if gpu_available() else "cpu")

@@ -138,7 +138,7 @@ def main() -> None:
     if args.pack_mib or args.uploads:      # the store's write pattern, for this run
         import dataclasses
         from s4fs.api import close_all
-        from s4fs.ingest import IngestConfig
+        from s4fs.coding import IngestConfig
         ing = IngestConfig()
         ing = dataclasses.replace(ing, pack_size=(args.pack_mib << 20) or ing.pack_size,
                                   max_uploads=args.uploads or ing.max_uploads)
@@ -349,7 +349,7 @@ def traced_save(sd, path: str, what: str = "a first checkpoint") -> None:
     import pstats
     import threading
     import s4fs
-    from s4fs import reader
+    from s4fs.read import reader
     from s4fs.codec import gpu
     from s4fs.stores.local import LocalStore
     ev: list = []

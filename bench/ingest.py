@@ -115,7 +115,8 @@ def ingest_rate(gib: float, workers: int, repeat: int, workdir: str,
     import torch
 
     from _data import mixed_state_dict
-    from s4fs.ingest import IngestConfig, IngestSession
+    from s4fs.coding import IngestConfig
+    from s4fs.write import IngestSession
     from s4fs.stores import LocalStore
     buf = io.BytesIO()
     torch.save(mixed_state_dict(int(gib * (1 << 30))), buf)

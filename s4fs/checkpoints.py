@@ -5,7 +5,7 @@
     s4fs.list_checkpoints("s3://bucket/run7")                  # [100, 200, ..., 1000]
 
 Checkpoint ``step`` lives at ``ROOT/step-<step>.pt``: an ordinary file, visible through
-the mount too, coded against the previous checkpoint (see s4fs.delta).
+the mount too, coded against the previous checkpoint (see s4fs.write.bases).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ _GENERIC_MOUNT_OPTS = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser
 
 def _fs_config(args):
     from s4fs.fs import FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     size = getattr(args, "cache_size", None)
     workers = getattr(args, "workers", None)
     # a mount codes in worker processes (s4fs.coding); --workers 0 codes in the

@@ -4,7 +4,7 @@ Knows nothing about FUSE (``s4fs.mount`` translates FUSE operations into these c
 the Python API uses them directly). Paths are ``"a/b/c"`` strings relative to the store
 root (``""`` is the root). Every method is thread-safe and blocking.
 
-Writes go through :class:`s4fs.writer.WriteHandle` (spool first, ingest behind the
+Writes go through :class:`s4fs.write.WriteHandle` (spool first, ingest behind the
 writes, commit at close; see that module for the states and when a file is committed);
 this module keeps the namespace: which paths exist, their manifests, and the handles open
 on them. ``commit`` writes a manifest — the one atomic step of a save — and only then does
@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 from s4fs import keys, sealed
 from s4fs.codec import _device
+from s4fs.coding import IngestConfig
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound, S4Error)
-from s4fs.ingest import IngestConfig, IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
-from s4fs.node import FileNode, NodeReader
-from s4fs.reader import ChunkSource, FileReader, ReadHandle
+from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, NodeReader,
+                       PackCache, ReadHandle)
 from s4fs.stores import LocalStore, Store
-from s4fs.writer import State, WriteHandle
+from s4fs.write import Committer, IngestSession, Journal, State, WriteHandle, new_session
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
            "WriteHandle"]
@@ -56,9 +56,9 @@ class FsConfig:
                                        # the cache disk's room; None: auto; 0: off
     pack_cache_dir: str | None = None  # where those live; <cache_dir>/packs if None
     # close() returns once the spool holds every byte; commits run in the background,
-    # journalled and replayed after a crash (s4fs.writer, s4fs.journal)
+    # journalled and replayed after a crash (s4fs.write)
     writeback: bool = False
-    # whole committed files kept for reads (s4fs.filecache); None: a quarter of the
+    # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None
     close_sync_seconds: float = 30.0   # writeback: how long unmount waits for commits
@@ -103,13 +103,11 @@ class Filesystem:
         os.makedirs(self.spool_dir, exist_ok=True)
         self.pack_cache = None
         if self.cfg.pack_cache_bytes != 0 and not isinstance(store, LocalStore):
-            from s4fs.cache import PackCache
             self.pack_cache = PackCache(
                 self.cfg.pack_cache_dir or os.path.join(self.cache_dir, "packs"),
                 self.cfg.pack_cache_bytes)
         self.decoded = None
         if self.cfg.decoded_cache_bytes != 0:
-            from s4fs.filecache import DecodedCache
             self.decoded = DecodedCache(os.path.join(self.cache_dir, "decoded"),
                                         self.cfg.decoded_cache_bytes)
         # decoding goes to the GPU only for planes that need it (nvCOMP ANS/GDeflate);
@@ -123,14 +121,15 @@ class Filesystem:
             offload = lambda blob, base: gpu_worker(ingest.nice).decode_blob(blob, base)  # noqa: E731
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
                                   device="auto", blob_cache=self.pack_cache, offload=offload)
+        # versions being decoded ahead, and where (the read room's policy)
+        self.fills = Fills(store, self.decoded, ingest, self.source)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._gen = 0                       # bumped by every change made on this mount
         self._writers: dict[str, WriteHandle] = {}
         self._known_dirs: set[str] = {""}
         self._truncated: dict[str, Manifest] = {}   # last version before a truncate to 0
-        self._fills: dict[str, object] = {}          # versions being decoded ahead
-        # the files of this mount by path (s4fs.node): what every descriptor of a file
+        # the files of this mount by path (s4fs.read.node): what every descriptor of a file
         # reads, and what the kernel may keep cached of it
         self._nodes: dict[str, FileNode] = {}
         self._pinned: set[FileNode] = set()          # detached, still read, packs pinned
@@ -138,8 +137,6 @@ class Filesystem:
         # name too when the file no longer exists: ``(node, gone)``, from any thread;
         # must not block on the kernel
         self.on_invalidate = None
-        from s4fs.committer import Committer
-        from s4fs.journal import Journal
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
         self.committer = Committer()
         self._replay()
@@ -580,7 +577,7 @@ class Filesystem:
     # --- files -----------------------------------------------------------------------
 
     def open_read(self, path: str) -> NodeReader:
-        """A descriptor reading ``path``'s file (s4fs.node: it follows the file, not one
+        """A descriptor reading ``path``'s file (s4fs.read.node: it follows the file, not one
         version); ``keep_cache`` on it says whether the kernel may keep its pages."""
         path = keys.norm(path)
         with self._lock:
@@ -657,7 +654,7 @@ class Filesystem:
                 return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
                                   manifest=m, on_bad=lambda: self.decoded.discard(m.id)), gen
         return ReadHandle(FileReader(m, self.source, path=path), path=path, manifest=m,
-                          fill_fn=lambda: self.fill_for(m),
+                          fill_fn=lambda: self.fills.start(m),
                           fill_at_once=self._gpu_worker), gen
 
     def _reader_gone(self, node: FileNode) -> None:
@@ -728,49 +725,6 @@ class Filesystem:
         node.read_while_written = False
         node.changed()
         w.node = node
-
-    def fill_for(self, m: Manifest):
-        """Decode version ``m`` ahead into the decoded cache, in the worker processes or
-        on the GPU (s4fs.fill): ``(fill, fd)`` for a reader — ``fill`` to wait on (None
-        when the copy is already whole), ``fd`` to read it — or None (then the reader
-        decodes here)."""
-        from s4fs import fill as fill_mod
-        ingest = self.cfg.ingest
-        where = _device.pipeline(ingest.device)
-        if self.decoded is None or (where == "cpu" and not ingest.processes) or \
-                m.size < fill_mod.MIN_SIZE or m.size > self.decoded.max_bytes:
-            return None
-        with self._lock:
-            f = self._fills.get(m.id)
-            if f is None:
-                fd = self.decoded.open(m.id)
-                if fd is not None:
-                    return None, fd
-                from s4fs.coding import ThreadPool, coding_pool
-                if where == "cuda":
-                    pool = (coding_pool(ingest) if ingest.processes else
-                            ThreadPool(ingest, self.source))
-                    batch = min(ingest.gpu_batch_bytes, fill_mod.GPU_FILL_BATCH)
-                else:
-                    pool, batch = coding_pool(ingest), ingest.batch_bytes
-                try:
-                    f = fill_mod.Fill(m, self.store, self.decoded, pool, batch,
-                                      self._fill_done)
-                except OSError as exc:
-                    log.warning("cannot decode %s ahead: %s", m.id, exc)
-                    return None
-                if f.fd >= 0:
-                    self._fills[m.id] = f
-        fd = f.attach()
-        if fd is None:
-            fd = self.decoded.open(m.id)
-            return (None, fd) if fd is not None else None
-        return f, fd
-
-    def _fill_done(self, f, ok: bool) -> None:
-        with self._lock:
-            if self._fills.get(f.m.id) is f:
-                del self._fills[f.m.id]
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
                    exclusive: bool = False, mode: int = 0o644) -> WriteHandle:
@@ -856,21 +810,9 @@ class Filesystem:
 
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
-        """The ingest of a new version of ``path``; ``spool``: the file it is fed from
-        (then the coding may run in worker processes that read it, s4fs.coding)."""
-        base = base_path = None
-        if self.cfg.delta:
-            from s4fs.delta import choose_base
-            chosen = choose_base(self, path, previous)
-            if chosen is not None:
-                base_path, base = chosen
-        base_file = None
-        if base is not None and self.decoded is not None:
-            base_file = self.decoded.path_of(base.id)
-        return IngestSession(self.store, self.cfg.ingest, base=base, base_path=base_path,
-                             source=self.source, on_pack=self.pack_cache.put
-                             if self.pack_cache is not None else None,
-                             spool_path=spool, base_file=base_file, label=path)
+        """(WriterPort) The ingest of a new version of ``path``, its delta base chosen
+        by the write room (s4fs.write.bases)."""
+        return new_session(self, path, previous, spool)
 
 
 TEMP_CACHE_PREFIX = "s4fs-cache-"
@@ -898,7 +840,7 @@ def _forget_idle_version(node: FileNode) -> None:
 
 def _note_read(node: FileNode) -> None:
     """A read reached the filesystem: if the file is being written meanwhile, the
-    kernel's pages are not only the writer's (s4fs.node)."""
+    kernel's pages are not only the writer's (s4fs.read.node)."""
     if node.writer is not None:
         node.read_while_written = True
 

@@ -354,7 +354,7 @@ class _DeviceSave:
     def manifest(self):
         import torch
         from s4fs.codec import gpu
-        from s4fs.ingest import PackWriter
+        from s4fs.write import PackWriter
         from s4fs.manifest import Manifest, Stream
         from s4fs.parse._pickle_scan import itemsize, scan_pickle
         gpu.require()
@@ -447,10 +447,10 @@ class _DeviceSave:
     def _bases(self) -> dict:
         """The delta base's tensor streams by (name, dtype, length), its record kept in
         ``base_info``; none when deltas are off or no stored file resembles this one
-        (``s4fs.delta.choose_base``, the rule of every other save)."""
+        (``s4fs.write.choose_base``, the rule of every other save)."""
         if not self.fs.cfg.delta:
             return {}
-        from s4fs.delta import choose_base
+        from s4fs.write import choose_base
         from s4fs.coding import base_streams
         chosen = choose_base(self.fs, self.job.rel, self.job._previous())
         if chosen is None:
@@ -469,7 +469,7 @@ class _DeviceSave:
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
-        device (``s4fs.reader.decode_on_gpu``) before their batch is coded, while the
+        device (``s4fs.read.reader.decode_on_gpu``) before their batch is coded, while the
         packs of the batches before it are being written. (Decoded one batch ahead on a
         thread of their own, beside the coding, they made the save slower on the H200:
         1.59 s instead of 1.13 for a 1.77 GiB GPT + AdamW, the coding and the pack
@@ -519,8 +519,8 @@ class _DeviceSave:
         refs = [ref for _, _, ref in batch if ref is not None]
         if not refs:
             return [None] * len(batch)
-        from s4fs.delta import readable_base
-        from s4fs.reader import decode_on_gpu
+        from s4fs.coding import readable_base
+        from s4fs.read.reader import decode_on_gpu
         # complete when it returns; None (a damaged older checkpoint): coded in full
         decoded = readable_base(lambda: decode_on_gpu(self.fs.source, refs),
                                 f"file {self.base_info['path']}", key=self.base_info["id"])
@@ -751,7 +751,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
     and copied up."""
     import torch
 
-    from s4fs.reader import decode_on_gpu
+    from s4fs.read.reader import decode_on_gpu
     by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
     out: dict[str, object] = {}
     plans = []                                  # (record name, stream)

@@ -183,7 +183,7 @@ def test_malicious_pickle_is_never_run(tmp_path):
 
 def test_random_write_splits_and_random_reads(tmp_path):
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     from s4fs.stores import LocalStore
     fs = Filesystem(LocalStore(tmp_path / "st"),
                     FsConfig(ingest=IngestConfig(chunk_size=1 << 16, pack_size=1 << 18)))

@@ -18,7 +18,7 @@ import s4fs
 from s4fs.report import file_report
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.gc import collect
-from s4fs.ingest import IngestConfig
+from s4fs.coding import IngestConfig
 from s4fs.stores import LocalStore
 
 
@@ -299,7 +299,7 @@ def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
     from s4fs import codec
     from s4fs.codec import gpu
     from s4fs.coding import code_on_device
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     from s4fs.manifest import ChunkRef
     emulated_gpu(monkeypatch)
     rng = np.random.default_rng(4)
@@ -342,7 +342,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
     """The previous checkpoint's packs damaged or gone: the next save (s4fs.save in
     process; the ingest's GPU worker, emulated) codes its chunks in full, warns once
     naming `s4fs verify`, and reads back exact; the damaged file still refuses to read."""
-    from s4fs import delta
+    from s4fs.coding import _bases as delta
     from s4fs.errors import S4Error
     # packs seen whole (written here, or looked at) are trusted for PACKS_SEEN_TTL; the
     # damage here stands for one done later than that (a lifecycle rule, days later)

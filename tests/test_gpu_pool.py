@@ -15,7 +15,7 @@ from emulated_gpu import emulated_gpu
 from s4fs.coding import _cpu_pool as workers, _gpu_pool as gpu_pool
 from s4fs.codec import inspect
 from s4fs.fs import Filesystem, FsConfig
-from s4fs.ingest import IngestConfig
+from s4fs.coding import IngestConfig
 from s4fs.stores import LocalStore
 from test_workers import (adversarial_state, change_the_spool_during_a_save,
                           kill_workers_during_a_save, read,
@@ -176,7 +176,7 @@ def test_gpu_decode_ahead_of_a_corrupt_pack_is_an_error_not_wrong_bytes(tmp_path
     try:
         r = other.open_read("ckpt.pt")
         try:
-            with caplog.at_level("WARNING", logger="s4fs.fill"), \
+            with caplog.at_level("WARNING", logger="s4fs.read.fill"), \
                     pytest.raises(ChecksumError):
                 torch_load_pattern(r, r.size)
         finally:

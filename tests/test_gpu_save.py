@@ -228,7 +228,7 @@ def test_a_damaged_base_does_not_stop_the_next_cuda_save(tmp_path, monkeypatch, 
     save of CUDA state still commits, coded in full, warns once naming `s4fs verify`,
     and is torch.save's file; the damaged checkpoint still refuses to read."""
     import s4fs
-    from s4fs import delta
+    from s4fs.coding import _bases as delta
     from s4fs.errors import S4Error
     from s4fs.stores import LocalStore
     monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)   # the damage came long after
@@ -380,7 +380,7 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
 
     from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
     from s4fs.stores import LocalStore
     gpu_pool.shutdown()
     cfg = FsConfig(ingest=IngestConfig(device="cuda", gpu_batch_bytes=8 << 20,
@@ -444,7 +444,7 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
 def _save_from_spool(fs, path: str, data: bytes) -> None:
     """Save as the mount does: the bytes in a spool file, the session fed its prefix
     (so the chunks go to the GPU worker process as spool ranges), then the commit."""
-    from s4fs.spool import Spool
+    from s4fs.write import Spool
     sp = Spool(fs.spool_dir, path)
     sp.write(0, data)
     s = fs.new_session(path, fs.manifest(path) if fs.exists(path) else None, sp.name)

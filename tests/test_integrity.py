@@ -28,7 +28,7 @@ import zstandard
 from s4fs import keys, sealed
 from s4fs.errors import CorruptManifest, NotFound, S4Error
 from s4fs.fs import STORE_FORMAT, Filesystem, FsConfig
-from s4fs.ingest import IngestConfig
+from s4fs.coding import IngestConfig
 from s4fs.manifest import Manifest
 from s4fs.stores import LocalStore, Store
 

@@ -16,7 +16,7 @@ from collections import namedtuple
 
 import pytest
 
-from s4fs.cache import PackCache
+from s4fs.read import PackCache
 
 MiB = 1 << 20
 DISK = 64 * MiB
@@ -147,10 +147,10 @@ def test_write_errors_are_swallowed_and_logged_once(small_disk, monkeypatch, cap
     monkeypatch.setattr(os, "statvfs", lambda path: Fake(1 << 30, 4096, 1 << 30))
     folder = os.path.join(small_disk, "packs")
     cache = PackCache(folder, 8 << 30)
-    with caplog.at_level(logging.WARNING, logger="s4fs.cache"):
+    with caplog.at_level(logging.WARNING, logger="s4fs.read.packs"):
         for i in range(3):
             cache.put(f"big{i}", pack(i, 80 * MiB))     # ENOSPC half way through
-    warnings = [r for r in caplog.records if r.name == "s4fs.cache"]
+    warnings = [r for r in caplog.records if r.name == "s4fs.read.packs"]
     assert [r.levelno for r in warnings] == [logging.WARNING]
     assert "could not store" in warnings[0].getMessage()
     assert not os.listdir(folder)                       # the partial files are gone
@@ -282,7 +282,7 @@ def test_concurrent_puts_stay_within_the_disk(small_disk):
 @pytest.mark.s3
 def test_large_save_over_s3_with_a_small_cache_disk(small_disk, make_s3_store, tmp_path):
     from s4fs.fs import Filesystem, FsConfig
-    from s4fs.ingest import IngestConfig
+    from s4fs.coding import IngestConfig
 
     # no decoded cache: the reads below must go through the packs
     cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False, decoded_cache_bytes=0,

@@ -329,7 +329,7 @@ def test_next_save_after_a_lifecycle_rule_deleted_the_previous_ones_packs(
     reads back exact from the bucket alone."""
     torch = pytest.importorskip("torch")
     import io
-    from s4fs import delta
+    from s4fs.coding import _bases as delta
     from s4fs.errors import S4Error
     from s4fs.fs import Filesystem, FsConfig
     monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)     # the rule ran days later

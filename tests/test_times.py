@@ -20,7 +20,7 @@ import zstandard
 from s4fs import keys, sealed
 from s4fs.errors import CorruptManifest
 from s4fs.fs import STORE_FORMAT, Filesystem, FsConfig
-from s4fs.journal import Entry, Journal
+from s4fs.write import Entry, Journal
 from s4fs.manifest import Manifest
 from s4fs.stores import LocalStore, ObjectInfo
 

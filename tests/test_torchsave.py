@@ -206,7 +206,8 @@ def test_pack_writer_keeps_at_most_its_bound_of_packs_in_flight(tmp_path, upload
     every other writer keeps the config's bound. Every pack lands, with its bytes."""
     import threading
     import time
-    from s4fs.ingest import IngestConfig, PackWriter
+    from s4fs.coding import IngestConfig
+    from s4fs.write import PackWriter
     from s4fs.stores.local import LocalStore
 
     class Slow(LocalStore):

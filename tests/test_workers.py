@@ -15,8 +15,8 @@ import torch
 from s4fs.coding import _cpu_pool as workers
 from s4fs.errors import CodecError, S4Error
 from s4fs.fs import Filesystem, FsConfig
-from s4fs.ingest import IngestConfig
-from s4fs.spool import Spool
+from s4fs.coding import IngestConfig
+from s4fs.write import Spool
 from s4fs.stores import LocalStore
 from store_damage import damage_packs
 
@@ -344,10 +344,10 @@ def test_kill9_at_any_moment_leaves_a_whole_version(mount_factory, extra, delay)
         assert k >= done[-1], f"save {done[-1]} returned, but version {k} is there"
 
 
-# --- decode ahead (s4fs.fill) ------------------------------------------------------------
+# --- decode ahead (s4fs.read.fill) --------------------------------------------------------
 
 def test_plan_places_every_byte_once():
-    from s4fs.fill import plan
+    from s4fs.read.fill import plan
     from s4fs.parse import new_parser  # noqa: F401  (the manifest comes from a real save)
     import tempfile
     with tempfile.TemporaryDirectory() as d:
@@ -492,7 +492,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, damage, caplog, mo
     """The previous checkpoint's packs damaged or gone: the next save through the worker
     processes stores its chunks in full (with a warning that names `s4fs verify`), reads
     back exact, and the damaged one still refuses to read — never wrong bytes."""
-    from s4fs import delta
+    from s4fs.coding import _bases as delta
     monkeypatch.setattr(delta, "PACKS_SEEN_TTL", 0.0)     # the damage comes later than it
     fs = make_fs(tmp_path)
     sd = adversarial_state(2)

@@ -4,7 +4,9 @@
   the matching chunk of the base version (DELTA) or as that chunk itself (SAME) —
   :func:`code_chunk`, :func:`chunk_result`, :func:`delta_prep` and their tests of size;
 * delta bases (``_bases``): which base chunk a chunk is coded against and where its
-  bytes come from (:class:`BaseFile`, :func:`base_bytes`);
+  bytes come from (:class:`BaseFile`, :func:`base_bytes`); a base that cannot be had
+  (:func:`missing_packs`, :func:`readable_base`, warned about once by
+  :func:`note_unreadable_base`);
 * the jobs and results passed to pools (``_jobs``) and the one pool interface,
   :class:`CodingPool` (``_pool``);
 * the pools: the CPU worker processes (``_cpu_pool``), the GPU worker process
@@ -13,11 +15,13 @@
 * the device side of coding one batch (``_device_batch``), shared by the GPU worker,
   the API's GPU batches and the device save.
 
-``coding`` imports the codec, the manifest, the stores' pickled specs, the reader's
-chunk source and ``s4fs.delta``'s notes; never the ingest, the filesystem or the API.
+``coding`` imports the codec, the manifest, the stores' pickled specs and the read room's
+chunk source; never the write room, the filesystem or the API.
 """
 
-from s4fs.coding._bases import BaseFile, base_bytes, base_chunk, base_from_file, base_streams
+from s4fs.coding._bases import (BaseFile, base_bytes, base_chunk, base_from_file, base_streams,
+                                collecting_notes, missing_packs, note_unreadable_base,
+                                readable_base, saw_pack)
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._device_batch import code_items, code_on_device, decode_into
 from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, JobResult,
@@ -56,7 +60,8 @@ __all__ = [
     "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "ProcessWide", "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
     "base_from_file", "base_streams", "chunk_result", "code_chunk", "code_items",
-    "code_on_device", "coding_pool", "cpu_workers", "decode_into", "delta_candidate",
-    "delta_is_tiny", "delta_prep", "died", "gpu_worker", "keep_delta", "lower_priority",
+    "code_on_device", "coding_pool", "collecting_notes", "cpu_workers", "decode_into",
+    "delta_candidate", "delta_is_tiny", "delta_prep", "died", "gpu_worker", "keep_delta",
+    "lower_priority", "missing_packs", "note_unreadable_base", "readable_base", "saw_pack",
     "shutdown",
 ]

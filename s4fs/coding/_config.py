@@ -1,5 +1,5 @@
 """The configuration of a file's ingest and of the coding it asks for (one frozen
-dataclass; ``s4fs.ingest`` re-exports it, where users have always found it)."""
+dataclass, ``FsConfig.ingest``)."""
 
 from __future__ import annotations
 

@@ -36,13 +36,13 @@ import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from s4fs.coding._bases import collecting_notes
 from s4fs.coding._jobs import (DecodeJob, Item, ItemResult, Job, JobResult,
                                WorkerDied, died)  # noqa: F401 - WorkerDied: its error
 from s4fs.coding._pool import KEEP, CodingPool, ProcessWide
 from s4fs.coding._rule import SAME, code_chunk
 from s4fs.coding._worker import (init_worker, item_base, job_files, pwrite_all, read_item,
                                  source_for, spool_changed, store_for)
-from s4fs.delta import collecting_notes
 
 
 # --- the worker side ---------------------------------------------------------------------

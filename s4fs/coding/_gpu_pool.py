@@ -12,7 +12,7 @@ instead. There:
   process's GPU thread under the chunk rule (its device half: ``_device_batch``; deltas,
   every chunk's checksum taken from its blob's header as the device computed it and
   compared with the daemon's, the CPU as a fallback), and its pack put in the store;
-* a batch to decode goes through ``s4fs.reader.decode_on_gpu`` (every blob checked) and
+* a batch to decode goes through ``s4fs.read.reader.decode_on_gpu`` (every blob checked) and
   is written at its file offsets (``_device_batch.decode_into``).
 
 A few threads in the worker overlap one batch's reads and writes with another's coding;
@@ -65,7 +65,7 @@ WORKER_INIT: str | None = None
 def code_batch(job: Job) -> JobResult:
     """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
     from s4fs.coding._device_batch import code_items
-    from s4fs.delta import collecting_notes
+    from s4fs.coding._bases import collecting_notes
     with _worker.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
         datas = [_worker.read_item(fd, it) for it in job.items]

@@ -69,5 +69,5 @@ class ChunkBatch:
     each item ``(data, dtype, base ref | None, where)``, ``where`` the base's (offset,
     length) in the base version's decoded copy, if known. Its result is, per item,
     ``(blob | None, base ref | None, checksum, raw length)``: what
-    ``s4fs.ingest.PackWriter.place`` takes."""
+    ``s4fs.write.PackWriter.place`` takes."""
     items: tuple

@@ -11,8 +11,8 @@ one batch call on the device (``_device_batch``).
 from __future__ import annotations
 
 from s4fs import codec
+from s4fs.coding._bases import readable_base
 from s4fs.coding._config import IngestConfig
-from s4fs.delta import readable_base
 from s4fs.manifest import ChunkRef
 
 FULL, DELTA, SAME = 0, 1, 2        # how a chunk is stored: coded whole, as a delta, reused
@@ -44,8 +44,8 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
 def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
                  cfg: IngestConfig, device: str | None = None) -> tuple:
     """:func:`code_chunk`'s choice as ``(blob | None, base ref | None, checksum, raw
-    length)`` (what ``s4fs.ingest.PackWriter.place`` takes): no blob when the chunk is
-    its base, no base when it is coded whole."""
+    length)`` (what ``s4fs.write.PackWriter.place`` takes): no blob when the chunk is its
+    base, no base when it is coded whole."""
     blob, kind = code_chunk(data, dtype, checksum, base, base_bytes, cfg, device)
     return (None if kind == SAME else blob), (None if kind == FULL else base), checksum, \
         len(data)

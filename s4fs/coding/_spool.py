@@ -13,12 +13,11 @@ import xxhash
 
 from s4fs import keys
 from s4fs.codec import _device
-from s4fs.coding._bases import BaseFile, base_chunk
+from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_pack
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._jobs import Item, Job
 from s4fs.coding._pool import CodingPool
 from s4fs.coding._rule import DELTA, SAME
-from s4fs.delta import note_unreadable_base, saw_pack
 from s4fs.manifest import ChunkRef, Stream
 
 

@@ -48,7 +48,7 @@ def source_for(spec: bytes):
     """A ChunkSource (fetch, decode, check) over the Store of a pickled spec."""
     src = _sources.get(spec)
     if src is None:
-        from s4fs.reader import ChunkSource
+        from s4fs.read.reader import ChunkSource
         src = _sources[spec] = ChunkSource(store_for(spec), cache_bytes=64 << 20,
                                            device="auto", workers=2)
     return src

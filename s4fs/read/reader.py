@@ -26,7 +26,7 @@ from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
 
-log = logging.getLogger("s4fs.reader")
+log = logging.getLogger(__name__)
 
 
 def _truncated(pack: str, offset: int, got: int, want: int) -> ChecksumError:
@@ -416,7 +416,7 @@ class ReadHandle:
         # whole-file hash, when the file is read from start to end in order
         self._whole = WholeFileHash(self._m) if self._m is not None else None
         # a cold file: decoded ahead by the worker processes once torch.load's pattern
-        # shows (s4fs.fill), read from that copy as its batches land
+        # shows (s4fs.read.fill), read from that copy as its batches land
         self._fill_fn = fill_fn
         # start the decode ahead at the first read, not at torch.load's pattern (a mount
         # that codes on the GPU: every chunk its daemon decoded itself would be a trip

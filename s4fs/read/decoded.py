@@ -23,7 +23,7 @@ import shutil
 import threading
 from collections import OrderedDict
 
-log = logging.getLogger("s4fs.filecache")
+log = logging.getLogger(__name__)
 
 
 def default_budget(folder: str) -> int:
@@ -68,7 +68,7 @@ class DecodedCache:
         return os.path.join(self.folder, vid)
 
     def adopt(self, vid: str, spool) -> None:
-        """Keep ``spool`` (an s4fs.spool.Spool of exactly version ``vid``) as an entry."""
+        """Keep ``spool`` (an s4fs.write.Spool of exactly version ``vid``) as an entry."""
         size = spool.size
         name = spool.name
         spool.close(remove=False)
@@ -76,7 +76,7 @@ class DecodedCache:
 
     def adopt_file(self, vid: str, path: str, size: int) -> bool:
         """Keep the file at ``path`` (exactly version ``vid``, e.g. a copy decoded ahead
-        by s4fs.fill) as an entry; False if it cannot be kept (then it is removed)."""
+        by s4fs.read.fill) as an entry; False if it cannot be kept (then it is removed)."""
         if not self.max_bytes or size > self.max_bytes or not vid or "/" in vid:
             _unlink(path)
             return False

@@ -19,9 +19,9 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from s4fs.writer import WriteHandle
+    from s4fs.write.handle import WriteHandle
 
-log = logging.getLogger("s4fs.committer")
+log = logging.getLogger(__name__)
 
 RETRY_FIRST = 1.0
 RETRY_MAX = 60.0

@@ -15,13 +15,13 @@ Contract:
   written; writes that arrive out of order (the kernel's writeback cache reorders them)
   wait beyond the frontier until the gap before them is filled.
 * The spool is a named file (``spool-<id>``) so that a ``--writeback`` mount can journal
-  it and replay it after a crash (:mod:`s4fs.journal`), and so that a committed spool can
+  it and replay it after a crash (:mod:`s4fs.write.journal`), and so that a committed spool can
   become a decoded-cache entry without a copy. ``close(remove=True)`` deletes it; a
   descriptor ``dup``'d by a reader stays valid after that.
 * On a full disk ``write`` first calls ``make_room(nbytes)`` (the caches give space back)
   and tries once more before it raises.
 
-Not thread-safe: its owner (:class:`s4fs.writer.WriteHandle`) serialises calls.
+Not thread-safe: its owner (:class:`s4fs.write.handle.WriteHandle`) serialises calls.
 """
 
 from __future__ import annotations

@@ -26,13 +26,12 @@ import xxhash
 
 from s4fs import keys, metrics
 from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, SpoolCoding,
-                         ThreadPool, base_chunk, base_streams)
-from s4fs.delta import saw_pack
+                         ThreadPool, base_chunk, base_streams, saw_pack)
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream, seconds_to_ns
 from s4fs.stores import Store
 
-__all__ = ["IngestConfig", "IngestSession", "PackWriter"]
+__all__ = ["IngestSession", "PackWriter"]
 
 
 class _Uploads:

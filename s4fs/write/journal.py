@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from s4fs._atomic import replace_from_temp
 
-log = logging.getLogger("s4fs.journal")
+log = logging.getLogger(__name__)
 
 VERSION = 1
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from s4fs.manifest import Manifest
 
-log = logging.getLogger("s4fs.node")
+log = logging.getLogger(__name__)
 
 
 class FileNode:
@@ -65,7 +65,7 @@ class FileNode:
 
 class NodeReader:
     """A descriptor open for reading: reads its node's current content through a *view*
-    (:class:`s4fs.reader.ReadHandle` over the writer's spool, a local whole copy, or the
+    (:class:`s4fs.read.reader.ReadHandle` over the writer's spool, a local whole copy, or the
     store) and changes view when the node changes. Unknown attributes are the current
     view's (``manifest``, ``version``, ``size``, ...)."""
 

@@ -16,6 +16,9 @@ copy matches the manifest, it becomes the version's decoded-cache entry (later o
 read it like a file written here). A batch that fails (the store down, a
 worker killed) ends the fill: its readers go back to decoding in the daemon, which
 reports the error if there is one.
+
+:class:`Fills` is the read policy the filesystem asks for: which versions are decoded
+ahead, by which pool, in batches of what size.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import threading
 import time
 import xxhash
 
-from s4fs.coding import DecodeJob
+from s4fs.codec import _device
+from s4fs.coding import DecodeJob, IngestConfig, ThreadPool, coding_pool
 from s4fs.manifest import Manifest
 
-log = logging.getLogger("s4fs.fill")
+log = logging.getLogger(__name__)
 
 FILL_PREFIX = ".fill-"
 MIN_SIZE = 8 << 20          # smaller files decode in the daemon as before
@@ -217,3 +221,53 @@ class Fill:
             self.failed = self.failed or RuntimeError("whole-file hash mismatch")
             self._cond.notify_all()
         return False
+
+
+class Fills:
+    """The versions one filesystem is decoding ahead, and where that runs: the CPU
+    worker processes, or the GPU (its worker process on a mount, threads of this process
+    for the API). Needs the decoded cache the copies become entries of."""
+
+    def __init__(self, store, decoded, ingest: IngestConfig, source) -> None:
+        self.store, self.decoded, self.ingest, self.source = store, decoded, ingest, source
+        self._lock = threading.RLock()
+        self._fills: dict[str, Fill] = {}
+
+    def start(self, m: Manifest):
+        """Decode version ``m`` ahead: ``(fill, fd)`` for a reader — ``fill`` to wait on
+        (None when the copy is already whole), ``fd`` to read it — or None (then the
+        reader decodes in this process)."""
+        ingest = self.ingest
+        where = _device.pipeline(ingest.device)
+        if self.decoded is None or (where == "cpu" and not ingest.processes) or \
+                m.size < MIN_SIZE or m.size > self.decoded.max_bytes:
+            return None
+        with self._lock:
+            f = self._fills.get(m.id)
+            if f is None:
+                fd = self.decoded.open(m.id)
+                if fd is not None:
+                    return None, fd
+                if where == "cuda":
+                    pool = (coding_pool(ingest) if ingest.processes else
+                            ThreadPool(ingest, self.source))
+                    batch = min(ingest.gpu_batch_bytes, GPU_FILL_BATCH)
+                else:
+                    pool, batch = coding_pool(ingest), ingest.batch_bytes
+                try:
+                    f = Fill(m, self.store, self.decoded, pool, batch, self._done)
+                except OSError as exc:
+                    log.warning("cannot decode %s ahead: %s", m.id, exc)
+                    return None
+                if f.fd >= 0:
+                    self._fills[m.id] = f
+        fd = f.attach()
+        if fd is None:
+            fd = self.decoded.open(m.id)
+            return (None, fd) if fd is not None else None
+        return f, fd
+
+    def _done(self, f: Fill, ok: bool) -> None:
+        with self._lock:
+            if self._fills.get(f.m.id) is f:
+                del self._fills[f.m.id]

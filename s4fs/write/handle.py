@@ -1,8 +1,8 @@
 """One file open for writing: its spool, its background ingest, and when it commits.
 
 A write, top to bottom: the mount's ``write`` → :meth:`WriteHandle.write` (one ``pwrite``
-into the :class:`~s4fs.spool.Spool`) → the handle's ingest thread feeds the spool's
-written prefix to an :class:`~s4fs.ingest.IngestSession` (parse, chunk, code, pack,
+into the :class:`~s4fs.write.spool.Spool`) → the handle's ingest thread feeds the spool's
+written prefix to an :class:`~s4fs.write.ingest.IngestSession` (parse, chunk, code, pack,
 upload — while the file is still being written) → at commit the session finishes (every
 pack durable) and :meth:`Filesystem.commit` writes the manifest, the one atomic step.
 
@@ -27,9 +27,9 @@ When a file is committed (docs/SEMANTICS.md):
   the spool holds.
 * "Acts" means, by default: commit before ``close()`` returns (after ``torch.save``
   returns, the checkpoint is in the store). With ``--writeback``: *accept* — journal the
-  spool (:mod:`s4fs.journal`) and return; the :class:`~s4fs.committer.Committer` commits
-  in the background, retrying failures for as long as it takes; the file is listed and
-  read from its spool meanwhile.
+  spool (:mod:`s4fs.write.journal`) and return; the
+  :class:`~s4fs.write.committer.Committer` commits in the background, retrying failures
+  for as long as it takes; the file is listed and read from its spool meanwhile.
 * Any error before a file is accepted — the cache disk full, or (default mode) a pack
   upload that failed after its retries, a codec error — fails the handle: the write or
   close that sees it raises, and the previous version of the file stays. Nothing is ever
@@ -53,19 +53,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from s4fs import metrics
 from s4fs.errors import S4Error
-from s4fs.ingest import IngestSession
+from s4fs.write.ingest import IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.parse import looks_complete
-from s4fs.spool import Spool
+from s4fs.write.spool import Spool
 
-log = logging.getLogger("s4fs.writer")
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from s4fs.committer import Committer
-    from s4fs.filecache import DecodedCache
+    from s4fs.write.committer import Committer
+    from s4fs.read import ChunkSource, DecodedCache
     from s4fs.fs import FsConfig
-    from s4fs.journal import Journal
-    from s4fs.reader import ChunkSource
+    from s4fs.write.journal import Journal
 
 
 class WriterPort(Protocol):
@@ -134,7 +133,7 @@ class WriteHandle:
         self.nwrites = 0                  # write requests since the last commit
         self.closed_at = 0.0              # when the close that commits came
         self._orphaned = False            # unlinked while open: commit nothing
-        self.node = None                  # its file on this mount (s4fs.node), once attached
+        self.node = None                  # its file on this mount (s4fs.read.node), once attached
         self._cond = threading.Condition(threading.RLock())
         self.spool = spool or Spool(fs.spool_dir, path, make_room=fs.make_room)
         # background ingest of the spool's written prefix
@@ -156,7 +155,7 @@ class WriteHandle:
 
     def _fill_from(self, m: Manifest) -> None:
         """An existing file opened without truncation: its bytes become the spool."""
-        from s4fs.reader import FileReader
+        from s4fs.read import FileReader
         reader = FileReader(m, self.fs.source, path=self.path)
         pos = 0
         while pos < m.size:
@@ -348,7 +347,7 @@ class WriteHandle:
 
     def _accept(self) -> None:
         """Writeback: the spool holds every byte; journal it, queue its commit, return."""
-        from s4fs.journal import Entry
+        from s4fs.write.journal import Entry
         self.accepted_at = time.time()
         self.fs.journal.record(Entry(self.path, self.spool.name, self.mode, self.mtime,
                                      self.spool.size, self.accepted_at, self.mtime_ns,
@@ -642,7 +641,7 @@ class WriteHandle:
             self.path = path
             self.spool.label = path
             if self.accepted_at:
-                from s4fs.journal import Entry
+                from s4fs.write.journal import Entry
                 self.fs.journal.record(Entry(path, self.spool.name, self.mode, self.mtime,
                                              self.spool.size, self.accepted_at,
                                              self.mtime_ns, self.atime_ns))

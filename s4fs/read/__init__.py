@@ -1,0 +1,25 @@
+"""The read path: from a descriptor's read to the bytes of a committed version.
+
+* ``node``: :class:`FileNode` (one file across its versions: what every descriptor of
+  it reads, what the kernel may keep cached) and :class:`NodeReader` (one descriptor);
+* ``reader``: :class:`ChunkSource` (chunk fetch, verify, decode through delta bases),
+  :class:`FileReader` (byte ranges of a version), :class:`ReadHandle` (one view: a
+  spool, a decoded copy or a ``FileReader``) and ``decode_on_gpu`` (imported from
+  ``s4fs.read.reader`` where it is called, so that one binding of it exists);
+* ``fill``: decoding a cold version ahead into the decoded cache (:class:`Fills`: which
+  versions, by which pool, in batches of what size);
+* ``packs``: :class:`PackCache`, local copies of the newest packs;
+* ``decoded``: :class:`DecodedCache`, whole committed files on local disk.
+
+It never imports the write room or the filesystem: a node's writer and views come in
+through its callers.
+"""
+
+from s4fs.read.decoded import DecodedCache
+from s4fs.read.fill import Fills
+from s4fs.read.node import FileNode, NodeReader
+from s4fs.read.packs import PackCache
+from s4fs.read.reader import ChunkSource, FileReader, ReadHandle
+
+__all__ = ["ChunkSource", "DecodedCache", "FileNode", "FileReader", "Fills", "NodeReader",
+           "PackCache", "ReadHandle"]

@@ -1,0 +1,25 @@
+"""The write path: one file open for writing, from its spool to its commit.
+
+* ``handle``: :class:`WriteHandle` (one file open for writing, its states, when it
+  commits) and :class:`WriterPort` (what it needs of the filesystem);
+* ``spool``: :class:`Spool`, the local file that takes the writes in any order;
+* ``ingest``: :class:`IngestSession` (stream → chunks → coding → packs) and
+  :class:`PackWriter`;
+* ``bases``: the delta base of a new version (:func:`choose_base`) and the ingest that
+  codes against it (:func:`new_session`);
+* ``journal`` and ``committer``: ``--writeback``'s accepted files and their background
+  commits.
+
+It talks to the filesystem only through ports (:class:`WriterPort`,
+``bases.SessionPort``), never by importing ``s4fs.fs``.
+"""
+
+from s4fs.write.bases import choose_base, new_session
+from s4fs.write.committer import Committer
+from s4fs.write.handle import State, WriteHandle, WriterPort
+from s4fs.write.ingest import IngestSession, PackWriter
+from s4fs.write.journal import Entry, Journal
+from s4fs.write.spool import Spool
+
+__all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "Spool", "State",
+           "WriteHandle", "WriterPort", "choose_base", "new_session"]
