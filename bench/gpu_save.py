@@ -148,8 +148,8 @@ def main() -> None:
                 filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing, delta=False))
         print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
     if args.first_batches is not None:
-        from s4fs import torchsave
-        torchsave.GPU_FIRST_BATCHES = tuple(int(x) << 20 for x in args.first_batches.split(",")
+        from s4fs.torch import save as torch_save
+        torch_save.GPU_FIRST_BATCHES = tuple(int(x) << 20 for x in args.first_batches.split(",")
                                             if x.strip())
         print(f"# first GPU batches: {args.first_batches or 'none'} MiB")
     rows: dict[str, list[float]] = {}
@@ -217,8 +217,8 @@ def main() -> None:
         med = statistics.median(v)
         print(f"| {k} | {med:.3f} | {med / ref_save:.3f} | {med / ref_load:.3f} |")
     print()
-    from s4fs import torchsave
-    for what, st in torchsave.last_stages.items():
+    from s4fs.torch import save as torch_save
+    for what, st in torch_save.last_stages.items():
         print(f"where the last s4fs.{what} went (s): " +
               ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
     print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
@@ -246,7 +246,7 @@ def disk_alone(work: str, n: int) -> float:
     then ``os.sync()``), under ``work``: the floor of any save that stores ``n`` bytes."""
     import mmap
     from store_write import _packs
-    from s4fs.torchsave import DEVICE_SAVE_UPLOADS
+    from s4fs.torch.save import DEVICE_SAVE_UPLOADS
     global _RANDOM
     if _RANDOM is None or len(_RANDOM) < n:
         _RANDOM = mmap.mmap(-1, n + (64 << 20))
@@ -270,7 +270,7 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int,
     alone. ``timeline``: then one more delta save, traced."""
     import torch
     import s4fs
-    from s4fs import torchsave
+    from s4fs.torch import save as torch_save
     from s4fs.api import filesystem
     from s4fs.fs import FsConfig
     roots = {"delta": os.path.join(work, "series-delta"), "full": os.path.join(work, "series-full")}
@@ -295,7 +295,7 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int,
             p = os.path.join(root, name)
             t.setdefault(f"s4fs.save, {k}", []).append(timed(lambda: (s4fs.save(sd, p), os.sync())))
             if k == "delta":
-                stages = dict(torchsave.last_stages.get("save", {}))
+                stages = dict(torch_save.last_stages.get("save", {}))
             t.setdefault(f"s4fs.load(map_location='cuda'), {k}", []).append(
                 timed(lambda: (s4fs.load(p, map_location="cuda"), torch.cuda.synchronize())))
             fs, rel = s4fs.resolve(p)

@@ -35,12 +35,13 @@ class _WriteStream(io.RawIOBase):
 def save(obj, path, **torch_save_kwargs) -> None:
     """``torch.save(obj, path)`` into the store: the stored file has exactly the bytes
     ``torch.save`` writes to a local file of that name; compressed (CUDA tensors on the
-    GPU, straight from device memory), atomic. See :mod:`s4fs.torchsave`."""
-    from s4fs import torchsave
+    GPU, straight from device memory), atomic. See :mod:`s4fs.torch.save`."""
+    from s4fs.torch import Unsupported
+    from s4fs.torch.save import save as direct_save
     profile = torch_save_kwargs.pop("profile", None)
     try:
-        torchsave.save(obj, path, profile=profile, **torch_save_kwargs)
-    except torchsave.Unsupported as why:
+        direct_save(obj, path, profile=profile, **torch_save_kwargs)
+    except Unsupported as why:
         _stream_save(obj, path, why, **torch_save_kwargs)
 
 
@@ -50,11 +51,12 @@ def async_save(obj, path, **torch_save_kwargs):
     tensors, in host memory for CPU ones); the tensors may change right away. The
     Future's ``result()`` is ``None`` once the file is committed, or raises what went
     wrong (nothing is committed then)."""
-    from s4fs import torchsave
+    from s4fs.torch import Unsupported
+    from s4fs.torch.save import async_save as direct_async_save
     profile = torch_save_kwargs.pop("profile", None)
     try:
-        return torchsave.async_save(obj, path, profile=profile, **torch_save_kwargs)
-    except torchsave.Unsupported as why:
+        return direct_async_save(obj, path, profile=profile, **torch_save_kwargs)
+    except Unsupported as why:
         import concurrent.futures as cf
         fut = cf.Future()
         try:
@@ -109,5 +111,5 @@ def load(path, map_location=None, **torch_load_kwargs):
     """``torch.load`` of a stored file; the bytes torch sees are the exact bytes saved.
     With ``map_location="cuda"`` (or ``"cuda:N"``) and the GPU codec installed, the
     tensors are decoded on that GPU, not copied up from host memory."""
-    from s4fs import torchsave
-    return torchsave.load(path, map_location, **torch_load_kwargs)
+    from s4fs.torch.load import load as direct_load
+    return direct_load(path, map_location, **torch_load_kwargs)

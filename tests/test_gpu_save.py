@@ -108,7 +108,7 @@ def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path, monkey
     """Small first batches, then full ones; CPU storages among the CUDA ones are coded
     after them: the file and the load are the same as in one batch."""
     import s4fs
-    from s4fs import torchsave
+    from s4fs.torch import save as torchsave
     monkeypatch.setattr(torchsave, "GPU_FIRST_BATCHES", (1 << 20, 3 << 20))
     monkeypatch.setattr(torchsave, "GPU_BATCH_BYTES", 5 << 20)
     torch.manual_seed(3)

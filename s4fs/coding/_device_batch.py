@@ -4,7 +4,7 @@ smaller wins), with the CPU as the fallback for a batch the GPU cannot code; and
 decode-ahead batch decoded on the GPU and written at its file offsets.
 
 Used by the GPU worker process (``_gpu_pool``), by the in-process GPU batches of the
-API's sessions (``_threads``) and by the device save (``s4fs.torchsave``, through
+API's sessions (``_threads``) and by the device save (``s4fs.torch.save``, through
 :func:`code_on_device`). Everything that touches the device runs on the process's GPU
 thread (``s4fs.codec._device.on_gpu_thread``).
 """
