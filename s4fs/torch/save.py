@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 import zlib
+from dataclasses import dataclass
 
 from s4fs.coding import ProcessWide
 from s4fs.errors import InvalidArgument
@@ -45,10 +46,17 @@ log = logging.getLogger("s4fs.save")
 
 _tls = threading.local()
 _hook_lock = threading.Lock()
-GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
-GPU_FIRST_BATCHES = (64 << 20, 256 << 20)   # a device save's first batches are smaller:
-                                   # its first packs reach the disk after a few ms of coding
-DEVICE_SAVE_UPLOADS = 16           # packs a device save writes at once (no pack cache)
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """How a save of CUDA storages batches its coding and writes its packs."""
+    gpu_batch_bytes: int = 1 << 30          # raw bytes coded per GPU batch (bounds the
+                                            # device memory it takes)
+    # a device save's first batches are smaller: its first packs reach the disk after a
+    # few ms of coding
+    gpu_first_batches: tuple[int, ...] = (64 << 20, 256 << 20)
+    uploads: int = 16                       # packs written at once (no pack cache)
 
 
 last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
@@ -123,9 +131,10 @@ def _archive_name(path: str) -> str:
     return os.path.basename(os.fspath(path).rstrip("/")) or "archive"
 
 
-def save(obj, path, *, profile=None, **save_kwargs) -> None:
+def save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
+         **save_kwargs) -> None:
     """``torch.save(obj, path)`` into the store that holds ``path``."""
-    _Save(obj, path, save_kwargs, profile=profile).run()
+    _Save(obj, path, save_kwargs, profile=profile, config=config).run()
 
 
 class _Save:
@@ -133,7 +142,7 @@ class _Save:
     storages coded and the file committed by :meth:`run`."""
 
     def __init__(self, obj, path, save_kwargs: dict, *, snapshot: bool = False,
-                 profile=None) -> None:
+                 profile=None, config: SaveConfig = SaveConfig()) -> None:
         from s4fs.paths import resolve
         self.path = path
         self.t0 = time.perf_counter()
@@ -144,6 +153,7 @@ class _Save:
         self.lay = layout(obj, _archive_name(path), **save_kwargs)
         self.stages.mark("layout (torch, skip_data)")
         self.profile = profile
+        self.config = config
         self.on_cuda = any(st.device.type == "cuda" for st in self.lay.storages)
         self.snap: list = []          # snapshot copies (async): keep them alive
         if snapshot:
@@ -279,7 +289,7 @@ class _DeviceSave:
         # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
-                           max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
+                           max(self.cfg.max_uploads, self.job.config.uploads))
         bases = self._bases()
         st.mark("plan (pickle scan, streams, delta base)")
         hashing = None
@@ -331,9 +341,9 @@ class _DeviceSave:
 
     def _code_device(self, jobs, host: dict, packs, bases: dict) -> None:
         """The device storages in GPU batches: the first ones small (the disk starts
-        writing after a few ms of coding), then up to GPU_BATCH_BYTES (half of it when
-        there is a delta base: the base chunks are decoded on the device beside the
-        batch). The CPU ones (``host``) are left to the caller.
+        writing after a few ms of coding), then up to ``SaveConfig.gpu_batch_bytes``
+        (half of it when there is a delta base: the base chunks are decoded on the device
+        beside the batch). The CPU ones (``host``) are left to the caller.
 
         Deltas follow the rule of every other save (``s4fs.coding.code_chunk``): a chunk
         whose base chunk (same record, dtype and length; chain not too deep) has its
@@ -356,11 +366,12 @@ class _DeviceSave:
 
     def _batches(self, jobs, host: dict, bases: dict) -> list[list]:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
-        GPU batches of growing size (GPU_FIRST_BATCHES, then the full size)."""
+        GPU batches of growing size (``SaveConfig.gpu_first_batches``, then the full size)."""
         import torch
         from s4fs.coding import base_chunk, delta_candidate
         lay, step = self.job.lay, self.cfg.chunk_size
-        full = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
+        config = self.job.config
+        full = config.gpu_batch_bytes // 2 if bases else config.gpu_batch_bytes
         out: list[list] = [[]]
         held = 0                                  # raw bytes in the last batch
         for s, i in jobs:
@@ -376,8 +387,8 @@ class _DeviceSave:
                 out[-1].append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
                                 else None))
                 held += piece.numel()
-                limit = (GPU_FIRST_BATCHES[len(out) - 1] if len(out) <= len(GPU_FIRST_BATCHES)
-                         else full)
+                first = config.gpu_first_batches
+                limit = first[len(out) - 1] if len(out) <= len(first) else full
                 if held >= limit:
                     out.append([])
                     held = 0
@@ -448,10 +459,11 @@ def _one_thread(name: str):
     return lambda: cf.ThreadPoolExecutor(1, thread_name_prefix=name)
 
 
-def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
+def async_save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
+               **save_kwargs) -> cf.Future:
     """Snapshot ``obj`` now, store it in the background; see :func:`s4fs.async_save`."""
     try:
-        job = _Save(obj, path, save_kwargs, snapshot=True, profile=profile)
+        job = _Save(obj, path, save_kwargs, snapshot=True, profile=profile, config=config)
     except Unsupported:
         raise
     except BaseException as exc:         # CUDA OOM while copying, a bad path, ...
