@@ -21,7 +21,7 @@ from s4fs.coding._worker import pwrite_all
 from s4fs.codec import _container, _device
 
 # The one warning of this module (a batch coded on the CPU instead) keeps the logger name
-# it has always had: operators and tests/test_gpu_pool.py match "s4fs.ingest" in it.
+# it has always had: operators and tests/core/test_gpu_pool.py match "s4fs.ingest" in it.
 log = logging.getLogger("s4fs.ingest")
 
 

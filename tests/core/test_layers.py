@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # import name -> folder (pyproject.toml's package-dir)
 FOLDERS = {"s4fs": "s4fs", "s4fs.codec": "codec", "s4fs.mount": "mount"}
 

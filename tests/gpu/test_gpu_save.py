@@ -1,7 +1,7 @@
 """s4fs.save / async_save / load of CUDA tensors: coded on the device, exact torch files.
 
 Needs a CUDA GPU with cupy and nvidia-nvcomp (marker ``gpu``); skipped elsewhere. The
-same API with CPU tensors is tested in CI by tests/test_torchsave.py.
+same API with CPU tensors is tested in CI by tests/api/test_torch_save_cpu.py.
 """
 
 from __future__ import annotations
