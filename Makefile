@@ -1,9 +1,11 @@
 # s4fs — two commands on a fresh Debian machine (as root):
 #   make demo   install what is needed, mount s4fs on a local store, torch.save a real
 #               model through it, read it back bit-exact, print sizes, unmount
-#   make test   install what is needed and run the test suite
+#   make test   install what is needed and run the test suite (LAYER=codec, store, core,
+#               mount, gpu or api: that folder of tests/ only)
 PYTHON ?= python3
 VENV ?= .venv
+LAYER ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck
@@ -35,7 +37,7 @@ deps: apt $(STAMP)
 
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
 test: deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest tests/$(LAYER)
 
 demo: deps
 	$(BIN)/python -m s4fs.demo

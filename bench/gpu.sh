@@ -64,10 +64,10 @@ for suite in "$@"; do
     echo "### suite $suite" >>"$LOG"
     case $suite in
     tests)
-        run 300 "${T[@]}" "$R/tests/test_gpu.py" "$R/tests/test_gpu_save.py" \
-            "$R/tests/test_gpu_pool.py" "$R/tests/test_container_batch.py"
-        run 300 "${T[@]}" "$R/tests/test_trust.py" "$R/tests/test_writeback.py" \
-            "$R/tests/test_coherence.py" -m "not s3"
+        run 300 "${T[@]}" "$R/tests/gpu/test_gpu_codec.py" "$R/tests/gpu/test_gpu_save.py" \
+            "$R/tests/core/test_gpu_pool.py" "$R/tests/codec/test_container_batch.py"
+        run 300 "${T[@]}" "$R/tests/mount/test_trust.py" "$R/tests/mount/test_writeback.py" \
+            "$R/tests/mount/test_coherence.py" -m "not s3"
         ;;
     codec)
         run 120 python3 "$B/codec_gpu.py" --size 1 --sets bf16,fp32,adam --repeat 5 \

@@ -147,10 +147,11 @@ def main() -> None:
             if root:
                 filesystem(root, FsConfig(decoded_cache_bytes=0, ingest=ing, delta=False))
         print(f"# packs of {ing.pack_size >> 20} MiB, {ing.max_uploads} written at once")
+    from s4fs.torch.save import SaveConfig
+    config = SaveConfig()
     if args.first_batches is not None:
-        from s4fs import torchsave
-        torchsave.GPU_FIRST_BATCHES = tuple(int(x) << 20 for x in args.first_batches.split(",")
-                                            if x.strip())
+        config = SaveConfig(gpu_first_batches=tuple(
+            int(x) << 20 for x in args.first_batches.split(",") if x.strip()))
         print(f"# first GPU batches: {args.first_batches or 'none'} MiB")
     rows: dict[str, list[float]] = {}
 
@@ -158,24 +159,24 @@ def main() -> None:
         rows.setdefault(name, []).append(t)
 
     # warm-up (CUDA context, kernels compiled, first pinned allocations): not timed
-    s4fs.save(sd, os.path.join(store, "warm.pt"))
+    s4fs.save(sd, os.path.join(store, "warm.pt"), config=config)
     s4fs.load(os.path.join(store, "warm.pt"), map_location="cuda")
     torch.save(sd, os.path.join(local, "warm.pt"))
     for r in range(args.repeat):
         name = f"ckpt_{r}.pt"
         lp, sp = os.path.join(local, name), os.path.join(store, name)
         add("torch.save (local disk)", timed(lambda: (torch.save(sd, lp), os.sync())))
-        add("s4fs.save", timed(lambda: (s4fs.save(sd, sp), os.sync())))
+        add("s4fs.save", timed(lambda: (s4fs.save(sd, sp, config=config), os.sync())))
         fs_, rel_ = s4fs.resolve(sp)
         add(FLOOR, disk_alone(work, fs_.manifest(rel_).stored_bytes()))
         if shm:
             add("torch.save to /dev/shm (no disk)",
                 timed(lambda: torch.save(sd, os.path.join(shm, "t.pt"))))
             add("s4fs.save to a store in /dev/shm (no disk)",
-                timed(lambda: s4fs.save(sd, os.path.join(shm, "store", name))))
+                timed(lambda: s4fs.save(sd, os.path.join(shm, "store", name), config=config)))
         ap_ = os.path.join(store, f"async_{r}.pt")
         t0 = time.perf_counter()
-        fut = s4fs.async_save(sd, ap_)
+        fut = s4fs.async_save(sd, ap_, config=config)
         add("s4fs.async_save: blocked", time.perf_counter() - t0)
         fut.result()
         os.sync()
@@ -217,8 +218,8 @@ def main() -> None:
         med = statistics.median(v)
         print(f"| {k} | {med:.3f} | {med / ref_save:.3f} | {med / ref_load:.3f} |")
     print()
-    from s4fs import torchsave
-    for what, st in torchsave.last_stages.items():
+    from s4fs.torch import save as torch_save
+    for what, st in torch_save.last_stages.items():
         print(f"where the last s4fs.{what} went (s): " +
               ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
     print(f"stored {m.stored_bytes() / 2**20:.1f} MiB of {m.size / 2**20:.1f} MiB "
@@ -228,9 +229,9 @@ def main() -> None:
     print(f"the disk alone takes s4fs.save's stored bytes in {floor:.3f}x the time of "
           f"torch.save + sync: no save that stores them can take less (goal <= 0.3x)")
     if args.series:
-        series(trainer, work, local, args.series, args.between, args.timeline)
+        series(trainer, work, local, args.series, args.between, config, args.timeline)
     if args.timeline:
-        traced_save(sd, os.path.join(store, "traced.pt"))
+        traced_save(sd, os.path.join(store, "traced.pt"), config)
     shutil.rmtree(work, ignore_errors=True)
     if shm:
         shutil.rmtree(shm, ignore_errors=True)
@@ -242,11 +243,11 @@ _RANDOM = None              # random bytes disk_alone writes, made once per run
 
 def disk_alone(work: str, n: int) -> float:
     """Seconds for this disk to take ``n`` random bytes the fastest way a local store
-    writes a save's packs (32 MiB packs, DEVICE_SAVE_UPLOADS at once, each fsync'ed,
+    writes a save's packs (32 MiB packs, ``SaveConfig.uploads`` at once, each fsync'ed,
     then ``os.sync()``), under ``work``: the floor of any save that stores ``n`` bytes."""
     import mmap
     from store_write import _packs
-    from s4fs.torchsave import DEVICE_SAVE_UPLOADS
+    from s4fs.torch.save import SaveConfig
     global _RANDOM
     if _RANDOM is None or len(_RANDOM) < n:
         _RANDOM = mmap.mmap(-1, n + (64 << 20))
@@ -255,14 +256,14 @@ def disk_alone(work: str, n: int) -> float:
     try:
         os.sync()
         t0 = time.perf_counter()
-        _packs(folder, memoryview(_RANDOM)[:n], 32 << 20, DEVICE_SAVE_UPLOADS, True)
+        _packs(folder, memoryview(_RANDOM)[:n], 32 << 20, SaveConfig().uploads, True)
         os.sync()
         return time.perf_counter() - t0
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def series(trainer: Trainer, work: str, local: str, n: int, between: int,
+def series(trainer: Trainer, work: str, local: str, n: int, between: int, config,
            timeline: bool = False) -> None:
     """Checkpoints of a run going on, ``between`` steps apart: torch.save, s4fs.save with
     deltas on the previous checkpoint (the default), and s4fs.save without; each
@@ -270,7 +271,7 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int,
     alone. ``timeline``: then one more delta save, traced."""
     import torch
     import s4fs
-    from s4fs import torchsave
+    from s4fs.torch import save as torch_save
     from s4fs.api import filesystem
     from s4fs.fs import FsConfig
     roots = {"delta": os.path.join(work, "series-delta"), "full": os.path.join(work, "series-full")}
@@ -293,9 +294,9 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int,
             timed(lambda: (_to_cuda(torch.load(lp, map_location="cpu")), torch.cuda.synchronize())))
         for k, root in roots.items():
             p = os.path.join(root, name)
-            t.setdefault(f"s4fs.save, {k}", []).append(timed(lambda: (s4fs.save(sd, p), os.sync())))
+            t.setdefault(f"s4fs.save, {k}", []).append(timed(lambda: (s4fs.save(sd, p, config=config), os.sync())))
             if k == "delta":
-                stages = dict(torchsave.last_stages.get("save", {}))
+                stages = dict(torch_save.last_stages.get("save", {}))
             t.setdefault(f"s4fs.load(map_location='cuda'), {k}", []).append(
                 timed(lambda: (s4fs.load(p, map_location="cuda"), torch.cuda.synchronize())))
             fs, rel = s4fs.resolve(p)
@@ -329,7 +330,7 @@ def series(trainer: Trainer, work: str, local: str, n: int, between: int,
     if timeline:
         trainer.train(between)
         traced_save(trainer.state(), os.path.join(roots["delta"], f"ckpt_{trainer.steps}.pt"),
-                    "a delta save (base: the series' last checkpoint)")
+                    config, "a delta save (base: the series' last checkpoint)")
 
 
 def _torch_bytes(sd, path: str) -> bytes:
@@ -341,7 +342,7 @@ def _torch_bytes(sd, path: str) -> bytes:
     return data
 
 
-def traced_save(sd, path: str, what: str = "a first checkpoint") -> None:
+def traced_save(sd, path: str, config, what: str = "a first checkpoint") -> None:
     """One s4fs.save (+ os.sync) with its GPU batches, delta base decodings and pack
     writes timed and its main thread profiled: where the save leaves the disk idle or
     under-fed."""
@@ -389,7 +390,7 @@ def traced_save(sd, path: str, what: str = "a first checkpoint") -> None:
     try:
         t0 = time.perf_counter()
         prof.enable()
-        s4fs.save(sd, path)
+        s4fs.save(sd, path, config=config)
         prof.disable()
         t_save = time.perf_counter() - t0
         os.sync()

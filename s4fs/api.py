@@ -32,29 +32,33 @@ class _WriteStream(io.RawIOBase):
         return self._pos
 
 
-def save(obj, path, **torch_save_kwargs) -> None:
+def save(obj, path, *, profile=None, config=None, **torch_save_kwargs) -> None:
     """``torch.save(obj, path)`` into the store: the stored file has exactly the bytes
     ``torch.save`` writes to a local file of that name; compressed (CUDA tensors on the
-    GPU, straight from device memory), atomic. See :mod:`s4fs.torchsave`."""
-    from s4fs import torchsave
-    profile = torch_save_kwargs.pop("profile", None)
+    GPU, straight from device memory), atomic. ``config``: a
+    :class:`s4fs.torch.save.SaveConfig` (how a GPU save batches its work). See
+    :mod:`s4fs.torch.save`."""
+    from s4fs.torch import Unsupported
+    from s4fs.torch.save import SaveConfig, save as direct_save
     try:
-        torchsave.save(obj, path, profile=profile, **torch_save_kwargs)
-    except torchsave.Unsupported as why:
+        direct_save(obj, path, profile=profile, config=config or SaveConfig(),
+                    **torch_save_kwargs)
+    except Unsupported as why:
         _stream_save(obj, path, why, **torch_save_kwargs)
 
 
-def async_save(obj, path, **torch_save_kwargs):
+def async_save(obj, path, *, profile=None, config=None, **torch_save_kwargs):
     """Like :func:`save`, but returns a ``concurrent.futures.Future`` as soon as ``obj``
     is snapshotted (its pickle, and a copy of every storage: on the GPU for CUDA
     tensors, in host memory for CPU ones); the tensors may change right away. The
     Future's ``result()`` is ``None`` once the file is committed, or raises what went
     wrong (nothing is committed then)."""
-    from s4fs import torchsave
-    profile = torch_save_kwargs.pop("profile", None)
+    from s4fs.torch import Unsupported
+    from s4fs.torch.save import SaveConfig, async_save as direct_async_save
     try:
-        return torchsave.async_save(obj, path, profile=profile, **torch_save_kwargs)
-    except torchsave.Unsupported as why:
+        return direct_async_save(obj, path, profile=profile, config=config or SaveConfig(),
+                                 **torch_save_kwargs)
+    except Unsupported as why:
         import concurrent.futures as cf
         fut = cf.Future()
         try:
@@ -109,5 +113,5 @@ def load(path, map_location=None, **torch_load_kwargs):
     """``torch.load`` of a stored file; the bytes torch sees are the exact bytes saved.
     With ``map_location="cuda"`` (or ``"cuda:N"``) and the GPU codec installed, the
     tensors are decoded on that GPU, not copied up from host memory."""
-    from s4fs import torchsave
-    return torchsave.load(path, map_location, **torch_load_kwargs)
+    from s4fs.torch.load import load as direct_load
+    return direct_load(path, map_location, **torch_load_kwargs)

@@ -196,7 +196,7 @@ class Filesystem:
                 self.journal.drop(e.spool)
                 continue
             keep.add(os.path.abspath(e.spool))
-            w = WriteHandle.recovered(self, e, self._manifest_or_none(e.path, fresh=True))
+            w = WriteHandle.recovered(self, e, self.manifest_or_none(e.path, fresh=True))
             with self._lock:
                 old = self._writers.get(e.path)
             if old is not None:
@@ -244,12 +244,13 @@ class Filesystem:
 
     def manifest(self, path: str, *, fresh: bool = False) -> Manifest:
         """The committed manifest of ``path``; NotFound when there is none."""
-        m = self._manifest_or_none(path, fresh=fresh)
+        m = self.manifest_or_none(path, fresh=fresh)
         if m is None:
             raise NotFound(f"no file {path!r}")
         return m
 
-    def _manifest_or_none(self, path: str, *, fresh: bool = False) -> Manifest | None:
+    def manifest_or_none(self, path: str, *, fresh: bool = False) -> Manifest | None:
+        """The committed manifest of ``path``, or None when there is none."""
         path = keys.norm(path)
         if not path:
             return None
@@ -295,7 +296,7 @@ class Filesystem:
             p = keys.parent(p)
         for d in reversed(missing):
             if not self._has_dir_marker(d):
-                if self._manifest_or_none(d) is not None:
+                if self.manifest_or_none(d) is not None:
                     raise NotADirectory(f"{d!r} is a file, not a directory")
                 self.store.put(keys.dir_key(d), sealed.dir_marker(mtime_ns=time.time_ns()))
             self._known_dirs.add(d)
@@ -311,7 +312,7 @@ class Filesystem:
         if path == "":
             return Attr("", True, 0, st.S_IFDIR | 0o755, self._root_ns / 1e9, 0,
                         self._root_ns)
-        m = self._manifest_or_none(path)
+        m = self.manifest_or_none(path)
         if m is not None:
             return _version_attr(path, m)
         # a folder: the times its marker records (one read serves both questions, as
@@ -471,7 +472,7 @@ class Filesystem:
             displaced.orphan()
         if w is not None and not w.moved(new):
             self._drop_writer(new, w)
-        m = self._manifest_or_none(old, fresh=True)
+        m = self.manifest_or_none(old, fresh=True)
         if m is not None:
             self.commit(new, m)
             self.store.delete(keys.file_key(old))
@@ -584,7 +585,7 @@ class Filesystem:
             w = self._writers.get(path)
         m = None
         if w is None:
-            m = self._manifest_or_none(path)
+            m = self.manifest_or_none(path)
             if m is None:
                 if path and self._is_dir(path):
                     raise IsADirectory(f"{path!r} is a directory")
@@ -754,7 +755,7 @@ class Filesystem:
         parent = keys.parent(path)
         if parent and not self.stat(parent).is_dir:
             raise NotADirectory(f"{parent!r} is not a directory")
-        old = self._manifest_or_none(path, fresh=True) if a is not None else None
+        old = self.manifest_or_none(path, fresh=True) if a is not None else None
         file_mode = old.mode if old is not None else st.S_IFREG | (mode & 0o7777)
         previous = old
         with self._lock:

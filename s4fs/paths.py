@@ -5,7 +5,7 @@ A path names a file in a store: a local path or ``file://`` URL inside a store r
 (a folder holding ``s4fs-store.json``; a new store is created in the file's folder when
 none is found above it), a path under an s4fs mount of this machine, or
 ``s3://bucket/prefix/...`` the same way. The Python API (``s4fs.api``) and the torch
-save and load (``s4fs.torchsave``) both find their files here.
+save and load (``s4fs.torch``) both find their files here.
 """
 
 from __future__ import annotations

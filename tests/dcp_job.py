@@ -1,5 +1,5 @@
 """A sharded training state saved and loaded with torch.distributed.checkpoint, run by
-``torchrun`` from tests/test_dcp.py (gloo, CPU). Each rank writes under the root given
+``torchrun`` from tests/api/test_dcp.py (gloo, CPU). Each rank writes under the root given
 for its "node": ranks < ``--per-node`` use the first root, the next ones the second, so
 two mounts of one bucket prefix act as two nodes.
 

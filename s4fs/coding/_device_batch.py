@@ -4,7 +4,7 @@ smaller wins), with the CPU as the fallback for a batch the GPU cannot code; and
 decode-ahead batch decoded on the GPU and written at its file offsets.
 
 Used by the GPU worker process (``_gpu_pool``), by the in-process GPU batches of the
-API's sessions (``_threads``) and by the device save (``s4fs.torchsave``, through
+API's sessions (``_threads``) and by the device save (``s4fs.torch.save``, through
 :func:`code_on_device`). Everything that touches the device runs on the process's GPU
 thread (``s4fs.codec._device.on_gpu_thread``).
 """
@@ -21,7 +21,7 @@ from s4fs.coding._worker import pwrite_all
 from s4fs.codec import _container, _device
 
 # The one warning of this module (a batch coded on the CPU instead) keeps the logger name
-# it has always had: operators and tests/test_gpu_pool.py match "s4fs.ingest" in it.
+# it has always had: operators and tests/core/test_gpu_pool.py match "s4fs.ingest" in it.
 log = logging.getLogger("s4fs.ingest")
 
 

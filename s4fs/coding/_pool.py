@@ -57,7 +57,7 @@ class CodingPool(ABC):
 
 class ProcessWide:
     """One pool per process, made on first use and shared by every file (the CPU
-    workers, the GPU worker, the API's save threads in ``s4fs.torchsave``)."""
+    workers, the GPU worker, the API's save threads in ``s4fs.torch.save``)."""
 
     def __init__(self) -> None:
         self._pool = None

@@ -40,11 +40,13 @@ as in DCP ``.distcp`` files), ``"safetensors"``, and ``"raw"`` for everything el
 
 from __future__ import annotations
 
+from s4fs.torch.layout import LOCAL
+
 from ._complete import looks_complete
 from ._machine import Machine, ParserLimits
 from ._pickle_scan import PickleScan, StorageInfo, scan_pickle
 from ._safetensors import SafetensorsMachine, looks_like
-from ._torchzip import LOCAL, TorchZipMachine
+from ._torchzip import TorchZipMachine
 from ._window import RAW, Piece, Segment, Window
 
 __all__ = ["Segment", "StreamParser", "ParserLimits", "new_parser", "scan_pickle",

@@ -20,11 +20,10 @@ import json
 import struct
 from typing import Callable
 
-from ._safetensors import looks_like
-from ._torchzip import LOCAL
+from s4fs.torch.layout import END, END_FIXED, LOCAL
 
-_EOCD = b"PK\x05\x06"
-_EOCD_LEN = 22
+from ._safetensors import looks_like
+
 _MAX_COMMENT = 0xFFFF
 _HEADER_CAP = 100 << 20
 
@@ -43,17 +42,17 @@ def looks_complete(pread: Callable[[int, int], bytes], size: int) -> bool:
 
 
 def _zip_complete(pread, size: int) -> bool:
-    if size < _EOCD_LEN:
+    if size < END_FIXED.size:
         return False
-    span = min(size, _EOCD_LEN + _MAX_COMMENT)
+    span = min(size, END_FIXED.size + _MAX_COMMENT)
     tail = pread(size - span, span)
-    pos = tail.rfind(_EOCD)
+    pos = tail.rfind(END)
     while pos >= 0:
-        if len(tail) - pos >= _EOCD_LEN:
-            comment = struct.unpack_from("<H", tail, pos + 20)[0]
-            if pos + _EOCD_LEN + comment == len(tail):
+        if len(tail) - pos >= END_FIXED.size:
+            comment = END_FIXED.unpack_from(tail, pos)[-1]
+            if pos + END_FIXED.size + comment == len(tail):
                 return True
-        pos = tail.rfind(_EOCD, 0, pos)
+        pos = tail.rfind(END, 0, pos)
     return False
 
 

@@ -24,19 +24,16 @@ from __future__ import annotations
 import struct
 import zlib
 
+from s4fs.torch.layout import (CENTRAL, CENTRAL_FIXED, DESCRIPTOR, DESCRIPTOR_CRC_AT, END,
+                               END_FIXED, LOCAL, LOCAL_FIXED, ZIP64_END, ZIP64_LOCATOR,
+                               ZIP64_LOCATOR_LEN, central_entry_length)
+
 from ._machine import Machine
 from ._pickle_scan import StorageInfo, itemsize, scan_pickle
 from ._window import RAW, TensorSpec
 
-LOCAL = b"PK\x03\x04"
-CENTRAL = b"PK\x01\x02"
-DESCRIPTOR = b"PK\x07\x08"
-ZIP64_END = b"PK\x06\x06"
-ZIP64_LOCATOR = b"PK\x06\x07"
-END = b"PK\x05\x06"
 _DESCRIPTOR_TAIL = frozenset((DESCRIPTOR[2:],))
 _SYNC_TAILS = frozenset(sig[2:] for sig in (LOCAL, CENTRAL, ZIP64_END, ZIP64_LOCATOR, END))
-_LOCAL_FIXED = struct.Struct("<4sHHHHHIIIHH")
 _U32 = 0xFFFFFFFF
 _DESC_LOOKAHEAD = 24            # enough to tell a 16-byte descriptor from a 24-byte one
 _SEARCH_LOOKAHEAD = 26          # ... and see the signature after a 24-byte one
@@ -131,7 +128,7 @@ class TorchZipMachine(Machine):
         elif sig == ZIP64_END:
             self.state = self._st_zip64_end
         elif sig == ZIP64_LOCATOR:
-            return self.payload(20, RAW, self._st_signature)
+            return self.payload(ZIP64_LOCATOR_LEN, RAW, self._st_signature)
         elif sig == END:
             self.state = self._st_end
         else:
@@ -139,11 +136,10 @@ class TorchZipMachine(Machine):
         return True
 
     def _st_central(self) -> bool:
-        h = self.win.peek(46)
+        h = self.win.peek(CENTRAL_FIXED.size)
         if h is None:
             return False
-        n, m, k = struct.unpack_from("<HHH", h, 28)
-        return self.payload(46 + n + m + k, RAW, self._st_signature)
+        return self.payload(central_entry_length(h), RAW, self._st_signature)
 
     def _st_zip64_end(self) -> bool:
         h = self.win.peek(12)
@@ -155,13 +151,13 @@ class TorchZipMachine(Machine):
         return self.payload(12 + size, RAW, self._st_signature)
 
     def _st_end(self) -> bool:
-        h = self.win.peek(22)
+        h = self.win.peek(END_FIXED.size)
         if h is None:
             return False
-        on_disk, total, _, _, comment = struct.unpack_from("<HHIIH", h, 8)
+        *_, on_disk, total, _, _, comment = END_FIXED.unpack(h)
         if on_disk != total:
             return self.hunt(1)
-        return self.payload(22 + comment, RAW, self._st_after_end)
+        return self.payload(END_FIXED.size + comment, RAW, self._st_after_end)
 
     def _st_after_end(self) -> bool:
         self._ended = True
@@ -172,20 +168,20 @@ class TorchZipMachine(Machine):
 
     def _st_local(self) -> bool:
         win = self.win
-        fixed = win.peek(30)
+        fixed = win.peek(LOCAL_FIXED.size)
         if fixed is None:
             return False
-        _, _, flags, method, _, _, _, csize, usize, nlen, elen = _LOCAL_FIXED.unpack(fixed)
+        _, _, flags, method, _, _, _, csize, usize, nlen, elen = LOCAL_FIXED.unpack(fixed)
         if flags & 1 or nlen == 0 or method > 99:
             return self.hunt(1)
-        head = win.peek(30 + nlen + elen)
+        head = win.peek(LOCAL_FIXED.size + nlen + elen)
         if head is None:
             return False
         try:
-            name = head[30:30 + nlen].decode("utf-8")
+            name = head[LOCAL_FIXED.size:LOCAL_FIXED.size + nlen].decode("utf-8")
         except UnicodeDecodeError:
             return self.hunt(1)
-        z64 = zip64_field(head[30 + nlen:])
+        z64 = zip64_field(head[LOCAL_FIXED.size + nlen:])
         described = bool(flags & 8)
 
         size = None
@@ -292,7 +288,8 @@ class TorchZipMachine(Machine):
         if not n:
             return 0
         if self._method == 0:
-            return n if zlib.crc32(held[:p]) == struct.unpack_from("<I", d, 4)[0] else 0
+            crc = struct.unpack_from("<I", d, DESCRIPTOR_CRC_AT)[0]
+            return n if zlib.crc32(held[:p]) == crc else 0
         return n if held[p + n:p + n + 2] == b"PK" else 0     # no CRC to check: a header
 
     def _scanned(self, data: bytes) -> None:

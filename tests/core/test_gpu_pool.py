@@ -2,7 +2,7 @@
 batches and its decode-ahead batches to one process that owns the GPU, not to threads
 of the daemon. Here that process runs the emulated GPU (the real kernels compiled for
 the CPU, zlib for nvCOMP, the ``portable`` profile so any CPU reads the blobs back);
-on the H200 the same tests run with the real one (tests/test_gpu_save.py)."""
+on the H200 the same tests run with the real one (tests/gpu/test_gpu_save.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 from s4fs.config import Config, parse_config
 from s4fs.service import runner
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "systemd"
 DEPLOY = REPO / "deploy"
 TEMPLATE = DEPLOY / "cfn-train-runner.yaml"

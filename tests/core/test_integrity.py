@@ -32,7 +32,7 @@ from s4fs.coding import IngestConfig
 from s4fs.manifest import Manifest
 from s4fs.stores import LocalStore, Store
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "manifest-v1.bin"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "manifest-v1.bin"
 FIXTURE_SHA256 = "aa8fc5fa479c2aec39af9ca367dc687b50fbfb36682e122ff286ad771cd7800e"
 PATH = "run/ckpt_1.pt"
 

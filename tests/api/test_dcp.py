@@ -19,7 +19,7 @@ import s4fs
 from s4fs.dcp import StorageReader, StorageWriter
 from s4fs.report import file_report
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # dcp_job.py
 
 
 def train_state(steps: int):
@@ -93,11 +93,11 @@ def test_a_checkpoint_that_is_not_there_is_a_clear_error(tmp_path):
 # --- torchrun, two nodes (two mounts of one S3 prefix) ------------------------------------
 
 def torchrun(nproc: int, *args: str, timeout=600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep +
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=TESTS + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "torch.distributed.run",
                            "--standalone", f"--nproc-per-node={nproc}",
-                           os.path.join(HERE, "dcp_job.py"), *args],
+                           os.path.join(TESTS, "dcp_job.py"), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 

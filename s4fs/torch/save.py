@@ -1,5 +1,5 @@
-"""``s4fs.save`` / ``s4fs.async_save`` / ``s4fs.load``: torch files stored without ever
-being written out as one byte stream.
+"""``s4fs.save`` / ``s4fs.async_save``: torch files stored without ever being written
+out as one byte stream.
 
 A file saved here has exactly the bytes ``torch.save(obj, path)`` writes to a local file
 of that name: torch itself lays the file out (``torch.save`` under
@@ -7,7 +7,7 @@ of that name: torch itself lays the file out (``torch.save`` under
 holds every zip header, the pickle and the small records, and only holes where the
 storages go); s4fs fills in what depends on the storage bytes — the CRC-32 of every
 storage record (zip data descriptor and central directory) and the serialization id
-(a hash of those CRCs) — and stores the storages themselves:
+(a hash of those CRCs; ``s4fs.torch.layout``) — and stores the storages themselves:
 
 * **CPU storages**: the file's bytes, in order, go through the ingest pipeline
   (parser, chunks, delta against the previous version, CPU codec), as a mount would
@@ -21,49 +21,48 @@ storage record (zip data descriptor and central directory) and the serialization
 
 ``async_save`` takes a snapshot first (the pickle, and a copy of every storage: on the
 device for CUDA storages, in host memory for CPU ones) and returns a Future; the
-coding and the commit run on one background thread. ``load(..., map_location="cuda")``
-decodes the storages on the device and rebuilds the objects with torch's own
-unpickling (``torch.serialization._load``).
+coding and the commit run on one background thread.
 """
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures as cf
-import io
 import logging
 import os
 import shutil
-import struct
 import tempfile
 import threading
 import time
 import uuid
-import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from s4fs.errors import InvalidArgument, S4Error
 from s4fs.coding import ProcessWide
+from s4fs.errors import InvalidArgument
+from s4fs.torch import Unsupported
+from s4fs.torch.layout import Layout, finish_layout, read_layout
 
 log = logging.getLogger("s4fs.save")
 
 _tls = threading.local()
 _hook_lock = threading.Lock()
-_DESC_SIG = b"PK\x07\x08"
-_CD_SIG = b"PK\x01\x02"
-_M64 = (1 << 64) - 1
-GPU_BATCH_BYTES = 1 << 30          # raw bytes coded per GPU batch (bounds device memory)
-GPU_FIRST_BATCHES = (64 << 20, 256 << 20)   # a device save's first batches are smaller:
-                                   # its first packs reach the disk after a few ms of coding
-LOAD_BATCH_BYTES = 1 << 30         # raw bytes decoded per batch while the next is read
-DEVICE_SAVE_UPLOADS = 16           # packs a device save writes at once (no pack cache)
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """How a save of CUDA storages batches its coding and writes its packs."""
+    gpu_batch_bytes: int = 1 << 30          # raw bytes coded per GPU batch (bounds the
+                                            # device memory it takes)
+    # a device save's first batches are smaller: its first packs reach the disk after a
+    # few ms of coding
+    gpu_first_batches: tuple[int, ...] = (64 << 20, 256 << 20)
+    uploads: int = 16                       # packs written at once (no pack cache)
 
 
 last_stages: dict[str, dict[str, float]] = {}   # "save" / "load": seconds per stage
 
 
-class _Stages:
+class Stages:
     """Wall time of each stage of the last save / load (benchmarks print it)."""
 
     def __init__(self, what: str) -> None:
@@ -74,56 +73,6 @@ class _Stages:
         self.out[stage] = self.out.get(stage, 0.0) + now - self.t
         self.t = now
         last_stages[self.what] = dict(self.out)
-
-
-class Unsupported(S4Error):
-    """This object or call cannot take the direct path; the caller streams instead."""
-
-
-# --------------------------------------------------------------------------- layout
-
-@dataclass
-class Record:
-    name: str                # inside the archive folder, e.g. "data/3"
-    header: int              # local header offset
-    data: int                # first data byte
-    size: int
-    crc: int
-    central: int             # offset of its central directory entry
-    descriptor: int | None   # offset of its data descriptor (None: no data)
-
-
-@dataclass
-class Layout:
-    """A torch file as torch lays it out: host pieces (every byte that is not storage
-    data) and the storages, in file order."""
-    size: int
-    records: list[Record]
-    storages: list           # torch.UntypedStorage per key "0", "1", ... (key order)
-    storage_records: list[Record]
-    host: list[tuple[int, bytearray]] = field(default_factory=list)   # (file offset, bytes)
-
-    def __post_init__(self) -> None:
-        self._starts = [o for o, _ in self.host]
-
-    def patch(self, off: int, data: bytes) -> None:
-        i = bisect.bisect_right(self._starts, off) - 1
-        start, buf = self.host[i]
-        if off + len(data) > start + len(buf):
-            raise S4Error("internal error: a zip field to patch straddles a storage")
-        buf[off - start: off - start + len(data)] = data
-
-    def read(self, off: int, n: int) -> bytes:
-        i = bisect.bisect_right(self._starts, off) - 1
-        start, buf = self.host[i]
-        return bytes(buf[off - start: off - start + n])
-
-    def pieces(self):
-        """(file offset, ("host", bytes) | ("storage", index)) in file order."""
-        out = [(o, ("host", b)) for o, b in self.host]
-        out += [(r.data, ("storage", i)) for i, r in enumerate(self.storage_records)
-                if r.size]
-        return sorted(out, key=lambda x: x[0])
 
 
 def _install_hook() -> None:
@@ -160,81 +109,10 @@ def layout(obj, name: str, **save_kwargs) -> Layout:
         with torch.serialization.skip_data():
             torch.save(obj, path, **save_kwargs)
         storages = list(_tls.storages.values())
-        return _read_layout(path, storages)
+        return read_layout(path, storages)
     finally:
         _tls.storages = None
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _read_layout(path: str, storages: list) -> Layout:
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with zipfile.ZipFile(path) as z:
-            infos = z.infolist()
-            start_dir = z.start_dir
-        records: list[Record] = []
-        cd = start_dir
-        for info in infos:
-            head = os.pread(fd, 30, info.header_offset)
-            nlen, elen = struct.unpack_from("<HH", head, 26)
-            data = info.header_offset + 30 + nlen + elen
-            ent = os.pread(fd, 46, cd)
-            if ent[:4] != _CD_SIG:
-                raise Unsupported("an unexpected zip central directory")
-            n2, e2, c2 = struct.unpack_from("<HHH", ent, 28)
-            desc = None
-            if info.file_size:
-                desc = data + info.file_size
-                if os.pread(fd, 4, desc) != _DESC_SIG:
-                    raise Unsupported("a zip record without a data descriptor")
-            rel = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
-            records.append(Record(rel, info.header_offset, data, info.file_size, info.CRC, cd,
-                                  desc))
-            cd += 46 + n2 + e2 + c2
-        by_name = {r.name: r for r in records}
-        for key, st in enumerate(storages):
-            r = by_name.get(f"data/{key}")
-            if r is None or r.size != st.nbytes():
-                raise Unsupported("torch's storage records do not match the storages seen")
-        if sum(1 for r in records if r.name.startswith("data/")) != len(storages):
-            raise Unsupported("torch wrote storage records s4fs did not see")
-        srecs = [by_name[f"data/{k}"] for k in range(len(storages))]
-        holes = sorted((r.data, r.data + r.size) for r in srecs if r.size)
-        host, pos = [], 0
-        for lo, hi in holes + [(size, size)]:
-            if lo > pos:
-                host.append((pos, bytearray(os.pread(fd, lo - pos, pos))))
-            pos = max(pos, hi)
-        return Layout(size, records, storages, srecs, host)
-    finally:
-        os.close(fd)
-
-
-def finish_layout(lay: Layout, crcs: list[int]) -> None:
-    """Write the storages' CRC-32s into the zip fields and the serialization id."""
-    for r, c in zip(lay.storage_records, crcs):
-        r.crc = c
-        if r.descriptor is not None:
-            lay.patch(r.descriptor + 4, struct.pack("<I", c))
-            lay.patch(r.central + 16, struct.pack("<I", c))
-    sid = next((r for r in lay.records if r.name == ".data/serialization_id"), None)
-    if sid is None:
-        return
-    old = lay.read(sid.data, sid.size)
-    if len(old) != 40 or not old.isdigit():
-        raise Unsupported("an unknown serialization id form")
-    seed = 0
-    for r in sorted(lay.records, key=lambda r: r.header):
-        if r is sid or not r.size:
-            continue
-        seed ^= (r.crc + 0x9E3779B9 + ((seed << 6) & _M64) + (seed >> 2)) & _M64
-        seed &= _M64
-    new = old[:20] + b"%020d" % seed
-    lay.patch(sid.data, new)
-    sid.crc = zlib.crc32(new)
-    lay.patch(sid.descriptor + 4, struct.pack("<I", sid.crc))
-    lay.patch(sid.central + 16, struct.pack("<I", sid.crc))
 
 
 def storage_bytes(st) -> memoryview:
@@ -253,9 +131,10 @@ def _archive_name(path: str) -> str:
     return os.path.basename(os.fspath(path).rstrip("/")) or "archive"
 
 
-def save(obj, path, *, profile=None, **save_kwargs) -> None:
+def save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
+         **save_kwargs) -> None:
     """``torch.save(obj, path)`` into the store that holds ``path``."""
-    _Save(obj, path, save_kwargs, profile=profile).run()
+    _Save(obj, path, save_kwargs, profile=profile, config=config).run()
 
 
 class _Save:
@@ -263,17 +142,18 @@ class _Save:
     storages coded and the file committed by :meth:`run`."""
 
     def __init__(self, obj, path, save_kwargs: dict, *, snapshot: bool = False,
-                 profile=None) -> None:
+                 profile=None, config: SaveConfig = SaveConfig()) -> None:
         from s4fs.paths import resolve
         self.path = path
         self.t0 = time.perf_counter()
-        self.stages = _Stages("save")
+        self.stages = Stages("save")
         self.fs, self.rel = resolve(path, create=True)
         if not self.rel:
             raise InvalidArgument(f"{path} names a store, not a file in it")
         self.lay = layout(obj, _archive_name(path), **save_kwargs)
         self.stages.mark("layout (torch, skip_data)")
         self.profile = profile
+        self.config = config
         self.on_cuda = any(st.device.type == "cuda" for st in self.lay.storages)
         self.snap: list = []          # snapshot copies (async): keep them alive
         if snapshot:
@@ -320,7 +200,7 @@ class _Save:
                              stored_delta=split["stored_delta"], unchanged=split["unchanged"])
 
     def _previous(self):
-        return self.fs._manifest_or_none(self.rel)
+        return self.fs.manifest_or_none(self.rel)
 
     def _ingest(self):
         """CPU storages: the exact file bytes through the ingest pipeline."""
@@ -409,7 +289,7 @@ class _DeviceSave:
         # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
-                           max(self.cfg.max_uploads, DEVICE_SAVE_UPLOADS))
+                           max(self.cfg.max_uploads, self.job.config.uploads))
         bases = self._bases()
         st.mark("plan (pickle scan, streams, delta base)")
         hashing = None
@@ -461,9 +341,9 @@ class _DeviceSave:
 
     def _code_device(self, jobs, host: dict, packs, bases: dict) -> None:
         """The device storages in GPU batches: the first ones small (the disk starts
-        writing after a few ms of coding), then up to GPU_BATCH_BYTES (half of it when
-        there is a delta base: the base chunks are decoded on the device beside the
-        batch). The CPU ones (``host``) are left to the caller.
+        writing after a few ms of coding), then up to ``SaveConfig.gpu_batch_bytes``
+        (half of it when there is a delta base: the base chunks are decoded on the device
+        beside the batch). The CPU ones (``host``) are left to the caller.
 
         Deltas follow the rule of every other save (``s4fs.coding.code_chunk``): a chunk
         whose base chunk (same record, dtype and length; chain not too deep) has its
@@ -486,11 +366,12 @@ class _DeviceSave:
 
     def _batches(self, jobs, host: dict, bases: dict) -> list[list]:
         """The device storages' chunks, ``(stream, device view, base ref | None)``, in
-        GPU batches of growing size (GPU_FIRST_BATCHES, then the full size)."""
+        GPU batches of growing size (``SaveConfig.gpu_first_batches``, then the full size)."""
         import torch
         from s4fs.coding import base_chunk, delta_candidate
         lay, step = self.job.lay, self.cfg.chunk_size
-        full = GPU_BATCH_BYTES // 2 if bases else GPU_BATCH_BYTES
+        config = self.job.config
+        full = config.gpu_batch_bytes // 2 if bases else config.gpu_batch_bytes
         out: list[list] = [[]]
         held = 0                                  # raw bytes in the last batch
         for s, i in jobs:
@@ -506,8 +387,8 @@ class _DeviceSave:
                 out[-1].append((s, piece, ref if delta_candidate(ref, piece.numel(), self.cfg)
                                 else None))
                 held += piece.numel()
-                limit = (GPU_FIRST_BATCHES[len(out) - 1] if len(out) <= len(GPU_FIRST_BATCHES)
-                         else full)
+                first = config.gpu_first_batches
+                limit = first[len(out) - 1] if len(out) <= len(first) else full
                 if held >= limit:
                     out.append([])
                     held = 0
@@ -578,10 +459,11 @@ def _one_thread(name: str):
     return lambda: cf.ThreadPoolExecutor(1, thread_name_prefix=name)
 
 
-def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
+def async_save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
+               **save_kwargs) -> cf.Future:
     """Snapshot ``obj`` now, store it in the background; see :func:`s4fs.async_save`."""
     try:
-        job = _Save(obj, path, save_kwargs, snapshot=True, profile=profile)
+        job = _Save(obj, path, save_kwargs, snapshot=True, profile=profile, config=config)
     except Unsupported:
         raise
     except BaseException as exc:         # CUDA OOM while copying, a bad path, ...
@@ -591,204 +473,3 @@ def async_save(obj, path, *, profile=None, **save_kwargs) -> cf.Future:
         fut.set_exception(exc)
         return fut
     return _background.get(_one_thread("s4fs-async-save")).submit(job.run)
-
-
-# --------------------------------------------------------------------------- loading
-
-def _cuda_target(map_location):
-    """The CUDA device ``map_location`` sends every storage to, or None."""
-    import torch
-    if isinstance(map_location, (str, torch.device)):
-        dev = torch.device(map_location)
-        if dev.type == "cuda":
-            return torch.device("cuda", dev.index if dev.index is not None
-                                else torch.cuda.current_device())
-    return None
-
-
-def wants_device_load(map_location) -> bool:
-    from s4fs.codec import _device
-    try:
-        return _cuda_target(map_location) is not None and _device.gpu_available()
-    except Exception:                      # noqa: BLE001 - no torch CUDA: the stream path
-        return False
-
-
-class _RawOnly(io.RawIOBase):
-    """A file object over a stored torch file that reads only its raw stream (zip
-    headers, pickle, small records): bytes of tensor streams read as zeros, so reading
-    the zip's metadata never decodes a tensor chunk."""
-
-    def __init__(self, fs, rel: str, m) -> None:
-        super().__init__()
-        self._r = fs.open_read(rel)
-        self._m = m
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        if self._r is not None:
-            self._r.release()
-            self._r = None
-        super().close()
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: self._m.size}[whence] + offset
-        return self._pos
-
-    def readinto(self, buf) -> int:
-        mv = memoryview(buf).cast("B")
-        n = max(0, min(len(mv), self._m.size - self._pos))
-        lo, hi = self._pos, self._pos + n
-        for off, length, s, _ in self._m.extents:
-            a, b = max(lo, off), min(hi, off + length)
-            if a >= b:
-                continue
-            if s == 0:
-                got = self._r.read(a, b - a)
-                mv[a - lo: a - lo + len(got)] = got
-            else:
-                mv[a - lo: b - lo] = bytes(b - a)
-        self._pos = hi
-        return n
-
-
-class _Records:
-    """What ``torch.serialization._load`` reads from a zip reader: small records from the
-    stored file, storages already decoded on the device."""
-
-    def __init__(self, small: dict[str, bytes], storages: dict[str, object], sid: str):
-        self._small, self._storages, self._sid = small, storages, sid
-
-    def has_record(self, name: str) -> bool:
-        return name in self._small or name in self._storages
-
-    def get_record(self, name: str) -> bytes:
-        return self._small[name]
-
-    def get_storage_from_record(self, name: str, nbytes: int, _cls):
-        t = self._storages[name]
-        if t.numel() != nbytes:
-            raise S4Error(f"record {name} holds {t.numel()} bytes, the pickle asks for {nbytes}")
-        return t
-
-    def get_all_records(self) -> list[str]:
-        return list(self._small) + list(self._storages)
-
-    def serialization_id(self) -> str:
-        return self._sid
-
-
-def load(path, map_location=None, **load_kwargs):
-    """``torch.load`` of a stored file; with ``map_location`` naming a CUDA device (and a
-    usable GPU codec) the storages are decoded on that device."""
-    import pickle
-    import torch
-    from s4fs import paths
-    if "mmap" in load_kwargs or not wants_device_load(map_location):
-        with paths.open(path) as f:
-            return torch.load(f, map_location=map_location, **load_kwargs)
-    dev = _cuda_target(map_location)
-    stages = _Stages("load")
-    fs, rel = paths.resolve(path)
-    m = fs.manifest(rel)
-    weights_only = load_kwargs.pop("weights_only", None)
-    pickle_module = load_kwargs.pop("pickle_module", None)
-    if weights_only is None:
-        weights_only = pickle_module is None
-    if weights_only:
-        if pickle_module is not None:
-            raise InvalidArgument("pass either weights_only=True or a pickle_module, not both")
-        pickle_module = torch.serialization._weights_only_unpickler
-    elif pickle_module is None:
-        pickle_module = pickle
-    load_kwargs.setdefault("encoding", "utf-8")
-    with io.BufferedReader(_RawOnly(fs, rel, m), 1 << 16) as f:
-        with zipfile.ZipFile(f) as z:
-            infos = z.infolist()
-            prefix = infos[0].filename.split("/", 1)[0] + "/" if infos else ""
-            small, sizes = {}, {}
-            for info in infos:
-                rel_name = info.filename[len(prefix):]
-                if rel_name.startswith("data/") and "/" not in rel_name[5:]:
-                    sizes[rel_name] = info
-                else:
-                    small[rel_name] = z.read(info)
-    offsets = {}
-    starts = {m.streams[s].name: off for off, _, s, s_off in m.extents
-              if s_off == 0 and m.streams[s].kind == "tensor"}
-    for name, info in sizes.items():
-        off = starts.get(name)
-        if off is None:                   # not a tensor stream: its header, read for real
-            with paths.open(path) as g:
-                g.seek(info.header_offset)
-                nlen, elen = struct.unpack_from("<HH", g.read(30), 26)
-            off = info.header_offset + 30 + nlen + elen
-        offsets[name] = (off, info.file_size)
-    stages.mark("manifest + zip records")
-    storages = _decode_storages(fs, m, offsets, dev, path, stages)
-    sid = small.get(".data/serialization_id", b"").decode("ascii", "replace")
-    try:
-        out = torch.serialization._load(_Records(small, storages, sid), map_location,
-                                        pickle_module, **load_kwargs)
-        stages.mark("unpickle")
-        return out
-    finally:
-        _gpu_release(dev.index)
-
-
-def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
-    """Every storage record's bytes as a uint8 CUDA tensor on ``dev``: tensor streams
-    decoded on the device (delta chains level by level), anything else read on the host
-    and copied up."""
-    import torch
-
-    from s4fs.read.reader import decode_on_gpu
-    by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
-    out: dict[str, object] = {}
-    plans = []                                  # (record name, stream)
-    for name, (off, n) in offsets.items():
-        hit = by_name.get(name)
-        if hit is not None and _stream_at(m, hit[0], off, n):
-            plans.append((name, hit[1]))
-        else:
-            from s4fs import paths
-            with paths.open(path) as f:
-                f.seek(off)
-                data = f.read(n)
-            t = torch.empty(n, dtype=torch.uint8, device=dev)
-            if n:
-                t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-            out[name] = t
-    refs = [c for _, s in plans for c in s.chunks]
-    with torch.cuda.device(dev):
-        decoded = decode_on_gpu(fs.source, refs, batch_bytes=LOAD_BATCH_BYTES)
-        stages.mark("read + decode (GPU)")
-        for name, s in plans:
-            n = s.length
-            t = torch.empty(n, dtype=torch.uint8, device=dev)
-            at = 0
-            for c in s.chunks:
-                if c.raw:
-                    t[at: at + c.raw].copy_(torch.as_tensor(decoded[c.key()], device=dev))
-                at += c.raw
-            out[name] = t
-        torch.cuda.current_stream(dev).synchronize()
-        stages.mark("storages")
-    return out
-
-
-def _stream_at(m, sidx: int, off: int, n: int) -> bool:
-    """Whether file bytes [off, off+n) are exactly stream ``sidx`` from its start."""
-    for e_off, e_len, s, s_off in m.extents:
-        if s == sidx:
-            return e_off == off and e_len == n and s_off == 0
-    return n == 0

@@ -12,7 +12,7 @@ import pytest
 from s4fs import codec
 from s4fs.errors import BaseMismatchError, ChecksumError
 
-HERE = Path(__file__).resolve().parent / "fixtures" / "codec"
+HERE = Path(__file__).resolve().parents[1] / "fixtures" / "codec"
 MANIFEST = json.loads((HERE / "MANIFEST.json").read_text())
 
 

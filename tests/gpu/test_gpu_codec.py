@@ -9,7 +9,7 @@
   against ``_planes`` and ``xxhash``.
 
 Golden fixtures (tests/fixtures/gpu/) were written once on an H200 with
-``S4FS_WRITE_GPU_FIXTURES=1 pytest tests/test_gpu.py -k write_golden`` and are never
+``S4FS_WRITE_GPU_FIXTURES=1 pytest tests/gpu/test_gpu_codec.py -k write_golden`` and are never
 regenerated: every later version must still read them.
 """
 
@@ -35,7 +35,8 @@ from s4fs.codec._dtypes import lookup
 from s4fs.errors import BaseMismatchError, UnsupportedVersionError
 from s4fs.testing import adversarial as A
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "gpu")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "fixtures", "gpu")
 MANIFEST = os.path.join(FIXTURES, "manifest.json")
 # nvcomp-deflate / nvcomp-gdeflate blobs written by the CPU twins (zlib, nvCOMP's CPU
 # library): the same bitstreams the GPU writes and reads (test_codec_twins_decode_each_other)

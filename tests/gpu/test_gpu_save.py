@@ -1,7 +1,7 @@
 """s4fs.save / async_save / load of CUDA tensors: coded on the device, exact torch files.
 
 Needs a CUDA GPU with cupy and nvidia-nvcomp (marker ``gpu``); skipped elsewhere. The
-same API with CPU tensors is tested in CI by tests/test_torchsave.py.
+same API with CPU tensors is tested in CI by tests/api/test_torch_save_cpu.py.
 """
 
 from __future__ import annotations
@@ -104,13 +104,12 @@ def test_save_of_cuda_state_is_the_torch_file_and_gpu_coded(tmp_path):
     assert torch.equal(back["cpu_part"].cpu(), sd["cpu_part"])
 
 
-def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path, monkeypatch):
+def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path):
     """Small first batches, then full ones; CPU storages among the CUDA ones are coded
     after them: the file and the load are the same as in one batch."""
     import s4fs
-    from s4fs import torchsave
-    monkeypatch.setattr(torchsave, "GPU_FIRST_BATCHES", (1 << 20, 3 << 20))
-    monkeypatch.setattr(torchsave, "GPU_BATCH_BYTES", 5 << 20)
+    from s4fs.torch import save as torchsave
+    config = torchsave.SaveConfig(gpu_first_batches=(1 << 20, 3 << 20), gpu_batch_bytes=5 << 20)
     torch.manual_seed(3)
     sd = {f"t{i}": (torch.randn(300_000 + 4099 * i, device="cuda").to(
         torch.bfloat16 if i % 2 else torch.float32)) for i in range(8)}
@@ -118,7 +117,7 @@ def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path, monkey
     sd["cpu_big"] = torch.randn(600_000)
     sd["adv"] = _adversarial(torch.float32, n=1 << 20)
     store = _store(tmp_path)
-    s4fs.save(sd, str(store / "ckpt_9.pt"))
+    s4fs.save(sd, str(store / "ckpt_9.pt"), config=config)
     assert torchsave.last_stages["save"]["GPU coding (blobs in pinned memory)"] > 0
     ref = tmp_path / "ckpt_9.pt"
     torch.save(sd, str(ref))

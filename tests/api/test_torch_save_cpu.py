@@ -14,7 +14,9 @@ import xxhash
 torch = pytest.importorskip("torch")
 
 import s4fs  # noqa: E402
-from s4fs import torchsave  # noqa: E402
+from s4fs.torch import layout as torch_layout  # noqa: E402
+from s4fs.torch import load as torch_load  # noqa: E402
+from s4fs.torch import save as torch_save  # noqa: E402
 
 
 def _adversarial(dtype, n=2048):
@@ -154,8 +156,8 @@ def test_device_whole_file_hash_and_crcs_match_the_torch_file(tmp_path, misalign
     b = _emu()
     sd = _state()
     sd["big"] = torch.randn(70000)
-    lay = torchsave.layout(sd, "h.pt")
-    views = [torchsave.storage_bytes(st) for st in lay.storages]
+    lay = torch_save.layout(sd, "h.pt")
+    views = [torch_save.storage_bytes(st) for st in lay.storages]
     keep: list = []
     dev = []
     for v in views:                               # "device" copies, deliberately misaligned
@@ -165,7 +167,7 @@ def test_device_whole_file_hash_and_crcs_match_the_torch_file(tmp_path, misalign
         dev.append(arr)
     crcs = W.crc32_many(b, [b.ptr(a) for a in dev], [len(v) for v in views])
     assert crcs == [zlib.crc32(v) for v in views]
-    torchsave.finish_layout(lay, crcs)
+    torch_layout.finish_layout(lay, crcs)
     pieces = []
     for off, (kind, what) in lay.pieces():
         if kind == "host":
@@ -190,7 +192,7 @@ def test_zip_metadata_is_read_from_the_raw_stream_only(tmp_path):
     m = fs.manifest(rel)
     want = _ref(tmp_path, sd, "z.pt")
     fs.source._lru.clear()
-    with io.BufferedReader(torchsave._RawOnly(fs, rel, m), 1 << 16) as f:
+    with io.BufferedReader(torch_load._RawOnly(fs, rel, m), 1 << 16) as f:
         with zipfile.ZipFile(f) as z:
             pkl = z.read("z/data.pkl")
             names = z.namelist()
