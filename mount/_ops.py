@@ -374,7 +374,15 @@ class S4Operations(pyfuse3.Operations):
     @_fuse_errors
     async def write(self, fh, off, buf):
         handle = self._handles[fh]
-        async with self._handle_locks[fh]:          # FIFO: keeps writes in request order
+        lock = self._handle_locks[fh]
+        if not lock.locked():
+            # nothing queued before it: land the bytes in the spool right here, without
+            # the hop to a thread and back (a pwrite into the page cache), unless the
+            # handle is busy (a commit) — then wait in line like any other request
+            n = handle.write_now(off, buf)
+            if n is not None:
+                return n
+        async with lock:                            # FIFO: keeps writes in request order
             return await self._run(handle.write, off, buf)
 
     @_fuse_errors

@@ -197,18 +197,34 @@ class WriteHandle:
     def write(self, offset: int, data) -> int:
         with self._cond:
             self._wait_commit()
-            self._check()
-            if offset < self._claimed:
-                self._stream_ok = False           # rewrites bytes ingest already took
-            self.nwrites += 1
-            try:
-                n = self.spool.write(offset, data)
-            except BaseException as exc:           # cache disk full: this version is lost
-                self._fail(exc)
-                raise
-            self._touch()
-            self._kick()
-            return n
+            return self._write(offset, data)
+
+    def write_now(self, offset: int, data) -> int | None:
+        """``write`` if it need not wait (its lock is free and no commit runs), else
+        None: the caller then waits in line with ``write``."""
+        if not self._cond.acquire(blocking=False):
+            return None
+        try:
+            if self.state is State.COMMITTING:
+                return None
+            return self._write(offset, data)
+        finally:
+            self._cond.release()
+
+    def _write(self, offset: int, data) -> int:
+        """One write into the spool; the caller holds the lock and no commit runs."""
+        self._check()
+        if offset < self._claimed:
+            self._stream_ok = False           # rewrites bytes ingest already took
+        self.nwrites += 1
+        try:
+            n = self.spool.write(offset, data)
+        except BaseException as exc:           # cache disk full: this version is lost
+            self._fail(exc)
+            raise
+        self._touch()
+        self._kick()
+        return n
 
     def read(self, offset: int, size: int) -> bytes:
         with self._cond:
