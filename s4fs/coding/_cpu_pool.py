@@ -83,10 +83,11 @@ def decode_batch(job: DecodeJob) -> int:
     src = source_for(job.store)
     fd = os.open(job.target, os.O_WRONLY)
     try:
-        for ref, pieces in job.items:
-            data = memoryview(src.get(ref))
-            for coff, foff, n in pieces:
-                pwrite_all(fd, data[coff: coff + n], foff)
+        with src.preloaded([ref for ref, _ in job.items]):
+            for ref, pieces in job.items:
+                data = memoryview(src.get(ref))
+                for coff, foff, n in pieces:
+                    pwrite_all(fd, data[coff: coff + n], foff)
     finally:
         os.close(fd)
     return len(job.items)

@@ -123,22 +123,29 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
 RUN_GAP = 1 << 16          # blobs this close in one pack are read in one go
 
 
-def _read_runs(source: "ChunkSource", group: list, pool):
-    """Every blob of ``group`` in one pinned host buffer, read a run of adjacent blobs
-    of one pack at a time and checked against the manifest; returns the buffer and
-    each blob's offset in it (group order)."""
-    from s4fs.codec import gpu
-    order = sorted(range(len(group)), key=lambda i: (group[i].pack, group[i].offset))
-    runs: list[list] = []                  # [pack, lo, hi]
-    place: list = [None] * len(group)      # (run, offset in the run)
+def _plan_runs(refs: list) -> tuple[list[list], list[tuple[int, int]]]:
+    """Runs of adjacent blobs, one pack each: ``[pack, lo, hi]``, and where each ref's
+    blob lies (run index, offset in the run), in the order of ``refs``."""
+    order = sorted(range(len(refs)), key=lambda i: (refs[i].pack, refs[i].offset))
+    runs: list[list] = []
+    place: list = [None] * len(refs)
     for i in order:
-        r = group[i]
+        r = refs[i]
         last = runs[-1] if runs else None
         if last is not None and last[0] == r.pack and r.offset <= last[2] + RUN_GAP:
             last[2] = max(last[2], r.offset + r.stored)
         else:
             runs.append([r.pack, r.offset, r.offset + r.stored])
         place[i] = (len(runs) - 1, r.offset - runs[-1][1])
+    return runs, place
+
+
+def _read_runs(source: "ChunkSource", group: list, pool):
+    """Every blob of ``group`` in one pinned host buffer, read a run of adjacent blobs
+    of one pack at a time and checked against the manifest; returns the buffer and
+    each blob's offset in it (group order)."""
+    from s4fs.codec import gpu
+    runs, place = _plan_runs(group)
     starts, total = [], 0
     for _, lo, hi in runs:
         starts.append(total)
@@ -184,6 +191,7 @@ class ChunkSource:
         self._pool = ThreadPoolExecutor(workers or max(4, os.cpu_count() or 4),
                                         thread_name_prefix="s4fs-read")
         self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
+        self._preloaded: dict[tuple[str, int], memoryview] = {}   # see preloaded()
 
     def get(self, ref: ChunkRef) -> bytes:
         """The verified raw bytes of ``ref``."""
@@ -221,7 +229,42 @@ class ChunkSource:
             _, old = self._lru.popitem(last=False)
             self._size -= len(old)
 
+    @contextlib.contextmanager
+    def preloaded(self, refs):
+        """Within the block, the blobs of ``refs`` (a batch about to be decoded) and of
+        their delta bases come from one read per run of adjacent blobs in a pack, not one
+        read per blob: a fresh node's decode ahead makes a few large GETs instead of many
+        small ones. Each blob is still checked against the manifest when it is decoded."""
+        chain, seen = [], set()
+        for r in refs:                   # and the delta bases they decode through
+            while r is not None and r.key() not in seen:
+                seen.add(r.key())
+                chain.append(r)
+                r = r.base
+        with self._lock:
+            refs = [r for r in chain if r.key() not in self._lru]
+        runs, place = _plan_runs(refs)
+        bufs = []
+        for pack, lo, hi in runs:
+            buf = bytearray(hi - lo)
+            self.read_into(pack, lo, hi, buf)
+            bufs.append(memoryview(buf))
+        mine = {(r.pack, r.offset): bufs[k][off: off + r.stored]
+                for r, (k, off) in zip(refs, place)}
+        with self._lock:
+            self._preloaded.update(mine)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for key in mine:
+                    self._preloaded.pop(key, None)
+
     def fetch_blob(self, ref: ChunkRef) -> bytes:
+        with self._lock:
+            blob = self._preloaded.get((ref.pack, ref.offset))
+        if blob is not None and len(blob) == ref.stored:
+            return bytes(blob)
         blob = None
         if self.blob_cache is not None:
             blob = self.blob_cache.get(ref.pack, ref.offset, ref.stored)
