@@ -33,16 +33,20 @@ class CountingStore(LocalStore):
         return super().get_into(key, start, end, out)
 
 
+def put(fs: Filesystem, path: str, data: bytes) -> None:
+    h = fs.open_write(path)
+    h.write(0, data)
+    h.flush()
+    h.release()
+
+
 def stored_file(tmp_path):
     """A torch file of several chunks, stored; its bytes and its tensor chunk refs."""
     g = torch.Generator().manual_seed(7)
     data = torch_bytes({f"w{i}": torch.randn(1 << 20, generator=g) for i in range(6)})
     fs = Filesystem(LocalStore(str(tmp_path / "store")), FsConfig(decoded_cache_bytes=0))
     try:
-        h = fs.open_write("ckpt.pt")
-        h.write(0, data)
-        h.flush()
-        h.release()
+        put(fs, "ckpt.pt", data)
         m = fs.manifest("ckpt.pt")
     finally:
         fs.close()
@@ -94,11 +98,8 @@ def test_the_delta_bases_of_a_batch_come_in_the_same_runs(tmp_path):
             if step:
                 for t in sd.values():
                     t.view(torch.int32)[::97] ^= 1          # a training step's few bits
-            h = fs.open_write("ckpt.pt")
             data = torch_bytes(sd)
-            h.write(0, data)
-            h.flush()
-            h.release()
+            put(fs, "ckpt.pt", data)
         m = fs.manifest("ckpt.pt")
     finally:
         fs.close()
