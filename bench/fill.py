@@ -120,17 +120,19 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
             "fresh": times, "filled": None, "depth": None}
 
 
-def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
-    from s4fs import coding
+def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg) -> dict:
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
+    from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
     ingest = IngestConfig(processes=True, device=device)
     store = os.path.join(work, f"store-{device}")
+    rt = Runtime(rt_cfg)
 
     def node(name: str):
         return Filesystem(LocalStore(store), FsConfig(ingest=ingest,
-                                                      cache_dir=os.path.join(work, name)))
+                                                      cache_dir=os.path.join(work, name)),
+                          runtime=rt)
     fs = node("writer")
     data = series[-1]
     try:
@@ -156,7 +158,7 @@ def run(device: str, series: list[bytes], work: str, repeat: int) -> dict:
                 raise SystemExit(f"{device}: the bytes read back differ")
         finally:
             cold.close()
-    coding.shutdown()
+    rt.close()
     return {"device": device, "stored": stored, "save": saved, "fresh": times,
             "filled": filled, "depth": depth}
 
@@ -172,26 +174,26 @@ def main() -> None:
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     a = ap.parse_args()
-    from s4fs.read import fill
     from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.codec import gpu_available
+    from s4fs.runtime import RuntimeConfig
     devices = a.devices or ("cpu,cuda" if gpu_available() else "cpu")
-    if a.gpu_fill_batch:
-        fill.GPU_FILL_BATCH = a.gpu_fill_batch << 20
+    rt_cfg = (RuntimeConfig(gpu_fill_batch=a.gpu_fill_batch << 20) if a.gpu_fill_batch
+              else RuntimeConfig())
     if a.gpu_threads:
         gpu_pool.THREADS = a.gpu_threads
     series = series_bytes(a.gib, a.saves)
     data = series[-1]
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
-        rows = [run(d, series, work, a.repeat) for d in devices.split(",")]
+        rows = [run(d, series, work, a.repeat, rt_cfg) for d in devices.split(",")]
         rows.append(local_disk(data, work, a.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/fill.py — {os.cpu_count()} cores; {len(data) / (1 << 30):.2f} GiB "
           f"synthetic bf16 weights + fp32 AdamW moments, version {a.saves} of a "
           f"series; GPU fill batches "
-          f"{fill.GPU_FILL_BATCH >> 20} MiB, GPU worker threads {gpu_pool.THREADS}; "
+          f"{rt_cfg.gpu_fill_batch >> 20} MiB, GPU worker threads {gpu_pool.THREADS}; "
           f"fresh node = empty cache dir, page cache dropped; median of {a.repeat}")
     print("| device | stored % (last version) | delta depth | last save s (no FUSE) | "
           "fresh-node read s | GB/s | runs | decoded ahead |")

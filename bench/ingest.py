@@ -116,24 +116,25 @@ def ingest_rate(gib: float, workers: int, repeat: int, workdir: str,
 
     from _data import mixed_state_dict
     from s4fs.coding import IngestConfig
+    from s4fs.runtime import current
     from s4fs.write import IngestSession
     from s4fs.stores import LocalStore
+    pools = current().pools
     buf = io.BytesIO()
     torch.save(mixed_state_dict(int(gib * (1 << 30))), buf)
     data = memoryview(buf.getvalue())
     cfg = IngestConfig(workers=workers, nice=0, processes=processes)
     spool = None
     if processes:                              # the mount's path: bytes in a spool file
-        from s4fs.coding import cpu_workers
         spool = os.path.join(workdir, "spool")
         with open(spool, "wb") as f:
             f.write(data)
-        cpu_workers(workers, 0).warm()
+        pools.cpu(workers, 0).warm()
     times = []
     for i in range(repeat + 1):                # the first run warms the pools up
         store = LocalStore(os.path.join(workdir, f"w{workers}-{i}"))
         t0 = time.perf_counter()
-        s = IngestSession(store, cfg, spool_path=spool)
+        s = IngestSession(store, cfg, spool_path=spool, pools=pools)
         if spool is not None:
             fd = os.open(spool, os.O_RDONLY)
             for off in range(0, len(data), 4 << 20):

@@ -14,7 +14,7 @@ from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError,
 from . import _nvcomp_twins, _plane_codecs
 from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompress, inspect, xor
 from ._dtypes import DType, dtype_names, lookup
-from ._device import gpu_available
+from ._device import gpu_available, stop_gpu_thread
 
 # the nvCOMP plane codec ids are registered here, held by the GPU codecs' CPU twins: each
 # decodes what s4fs.codec.gpu writes under its id (or refuses, saying what is needed), and
@@ -25,6 +25,7 @@ del _twin
 
 __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",
-    "lookup", "checksum", "xor", "as_bytes", "gpu_available", "CodecError", "FormatError",
-    "ChecksumError", "BaseMismatchError", "UnsupportedVersionError", "CodecUnavailableError",
+    "lookup", "checksum", "xor", "as_bytes", "gpu_available", "stop_gpu_thread",
+    "CodecError", "FormatError", "ChecksumError", "BaseMismatchError",
+    "UnsupportedVersionError", "CodecUnavailableError",
 ]

@@ -137,6 +137,16 @@ def _gpu_thread() -> ThreadPoolExecutor:
     return _GPU_THREAD
 
 
+def stop_gpu_thread() -> None:
+    """Stop the GPU thread once its queued calls are done (its owner's close; the next
+    GPU call starts a new one)."""
+    global _GPU_THREAD
+    with _GPU_LOCK:
+        t, _GPU_THREAD = _GPU_THREAD, None
+    if t is not None:
+        t.shutdown(wait=True)
+
+
 def on_gpu_thread(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` on the process's GPU thread; its result (or exception)."""
     if threading.current_thread().name.startswith(_THREAD_NAME):

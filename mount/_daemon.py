@@ -188,7 +188,8 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                      ready_fd: int | None = None, extra_options=(), workers: int = 16,
                      uid: int | None = None, gid: int | None = None,
                      source: str | None = None) -> None:
-    """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount."""
+    """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount (then
+    ``fs`` is closed; its runtime is the caller's to close)."""
     import pyfuse3
     import trio
 
@@ -203,8 +204,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         # is ready: loading CuPy, nvCOMP and a CUDA context takes seconds, which the
         # first save or cold load would otherwise wait for.
         from s4fs.codec import _device
-        from s4fs.coding import coding_pool
-        coders = coding_pool(ingest)
+        coders = fs.runtime.pools.for_ingest(ingest)
         if _device.pipeline(ingest.device) == "cuda":
             coders.warm(timeout=GPU_WARM_SECONDS)
         else:
@@ -258,8 +258,6 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         _notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         fs.close()
-        from s4fs import coding
-        coding.shutdown()
         log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
 
 

@@ -99,7 +99,10 @@ def cmd_mount(args) -> int:
         os.makedirs(args.cache_dir, exist_ok=True)
     from s4fs.mount._daemon import prepare_mountpoint
     prepare_mountpoint(mountpoint)      # refuse a live mount before opening the store
-    fs = Filesystem(open_store(args.store), _fs_config(args))
+    # the daemon's worker processes and threads: started through the mount, closed last
+    from s4fs.runtime import Runtime
+    runtime = Runtime()
+    fs = Filesystem(open_store(args.store), _fs_config(args), runtime=runtime)
     if args.gc_interval > 0:
         from s4fs.gc import BackgroundCollector
         BackgroundCollector(fs.store, interval=args.gc_interval).start()
@@ -111,6 +114,7 @@ def cmd_mount(args) -> int:
                          source=_source_url(args.store))
     finally:
         control.close()
+        runtime.close()
     return 0
 
 

@@ -33,6 +33,7 @@ from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, NodeReader,
                        PackCache, ReadHandle)
+from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
 from s4fs.write import Committer, IngestSession, Journal, State, WriteHandle, new_session
 
@@ -88,9 +89,15 @@ class Attr:
 
 
 class Filesystem:
-    def __init__(self, store: Store, cfg: FsConfig | None = None) -> None:
+    """``runtime``: the worker processes and threads it uses (s4fs.runtime); the caller's
+    to close. None: the process's shared one, ``runtime.current()``."""
+
+    def __init__(self, store: Store, cfg: FsConfig | None = None,
+                 runtime: Runtime | None = None) -> None:
         self.store = store
         self.cfg = cfg or FsConfig()
+        self.runtime = runtime or current_runtime()
+        self.pools = self.runtime.pools
         self._check_root()      # first: a store this s4fs cannot use leaves nothing behind
         self._own_cache = self.cfg.cache_dir is None
         if self._own_cache:
@@ -117,12 +124,13 @@ class Filesystem:
         self._gpu_worker = ingest.processes and _device.pipeline(ingest.device) == "cuda"
         offload = None
         if self._gpu_worker:
-            from s4fs.coding import gpu_worker
-            offload = lambda blob, base: gpu_worker(ingest.nice).decode_blob(blob, base)  # noqa: E731
+            pools = self.pools
+            offload = lambda blob, base: pools.gpu(ingest.nice).decode_blob(blob, base)  # noqa: E731
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
                                   device="auto", blob_cache=self.pack_cache, offload=offload)
         # versions being decoded ahead, and where (the read room's policy)
-        self.fills = Fills(store, self.decoded, ingest, self.source)
+        self.fills = Fills(store, self.decoded, ingest, self.source, self.pools,
+                           self.runtime.cfg.gpu_fill_batch)
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._gen = 0                       # bumped by every change made on this mount

@@ -28,7 +28,7 @@ def emulated_gpu(monkeypatch) -> dict:
 
 def install_in_worker() -> None:
     """The same emulation, for good, in a GPU worker process
-    (``s4fs.coding._gpu_pool.WORKER_INIT = "emulated_gpu:install_in_worker"``)."""
+    (``RuntimeConfig(gpu_worker_init="emulated_gpu:install_in_worker")``)."""
     for obj, name, value in _patches({"encode": [], "decode": []}):
         setattr(obj, name, value)
 

@@ -10,8 +10,9 @@
 * the jobs and results passed to pools (``_jobs``) and the one pool interface,
   :class:`CodingPool` (``_pool``);
 * the pools: the CPU worker processes (``_cpu_pool``), the GPU worker process
-  (``_gpu_pool``), threads of this process for the API (``_threads``); the daemon's
-  side of the process pools (``_spool``: :class:`SpoolCoding`, :func:`coding_pool`);
+  (``_gpu_pool``), both held by :class:`Pools` (``_pools``: made on first use, stopped
+  by its owner, s4fs.runtime), threads of this process for the API (``_threads``); the
+  daemon's side of the process pools (``_spool``: :class:`SpoolCoding`);
 * the device side of coding one batch (``_device_batch``), shared by the GPU worker,
   the API's GPU batches and the device save.
 
@@ -26,42 +27,20 @@ from s4fs.coding._config import IngestConfig
 from s4fs.coding._device_batch import code_items, code_on_device, decode_into
 from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, JobResult,
                                WorkerDied, died)
-from s4fs.coding._pool import CodingPool, ProcessWide
+from s4fs.coding._pool import CodingPool
+from s4fs.coding._pools import Pools
 from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_chunk, delta_candidate,
                                delta_is_tiny, delta_prep, keep_delta)
-from s4fs.coding._spool import SpoolCoding, coding_pool
+from s4fs.coding._spool import SpoolCoding
 from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
-
-
-def gpu_worker(nice: int = 0):
-    """The process-wide GPU worker process (a :class:`CodingPool`; started on first
-    use)."""
-    from s4fs.coding import _gpu_pool
-    return _gpu_pool.pool(nice)
-
-
-def cpu_workers(workers: int, nice: int = 0):
-    """The process-wide CPU worker processes (a :class:`CodingPool`; started on first
-    use)."""
-    from s4fs.coding import _cpu_pool
-    return _cpu_pool.pool(workers, nice)
-
-
-def shutdown() -> None:
-    """Stop the process-wide worker processes, CPU and GPU (the next save starts them
-    again)."""
-    from s4fs.coding import _cpu_pool, _gpu_pool
-    _cpu_pool.shutdown()
-    _gpu_pool.shutdown()
 
 
 __all__ = [
     "BaseFile", "ChunkBatch", "CodingPool", "DELTA", "DecodeJob", "FULL", "GpuBatches",
-    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "ProcessWide", "SAME",
+    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Pools", "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
     "base_from_file", "base_streams", "chunk_result", "code_chunk", "code_items",
-    "code_on_device", "coding_pool", "collecting_notes", "cpu_workers", "decode_into",
-    "delta_candidate", "delta_is_tiny", "delta_prep", "died", "gpu_worker", "keep_delta",
+    "code_on_device", "collecting_notes", "decode_into",
+    "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",
     "lower_priority", "missing_packs", "note_unreadable_base", "readable_base", "saw_pack",
-    "shutdown",
 ]

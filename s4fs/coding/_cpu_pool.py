@@ -20,8 +20,8 @@ worker, or a parser that lost a byte, fails the save, never stores wrong bytes) 
 builds the manifest. Nothing about the spool's bytes is pickled through the pool's pipes
 but these small descriptions.
 
-Contract: :class:`~s4fs.coding.CodingPool`'s. ``pool(workers, nice)`` is the
-process-wide pool (started on first use, started again after a worker died);
+Contract: :class:`~s4fs.coding.CodingPool`'s. A :class:`~s4fs.coding.Pools`
+holds one per (workers, nice) (started on first use, started again after a worker died);
 :func:`code_batch` runs in a worker; a worker that dies fails the futures of its pool
 with :class:`~s4fs.coding.WorkerDied`. Memory: each worker holds at most
 one batch (``IngestConfig.batch_bytes``, 16 MiB raw) plus its coded blobs and the codec's
@@ -39,7 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from s4fs.coding._bases import collecting_notes
 from s4fs.coding._jobs import (DecodeJob, Item, ItemResult, Job, JobResult,
                                WorkerDied, died)  # noqa: F401 - WorkerDied: its error
-from s4fs.coding._pool import KEEP, CodingPool, ProcessWide
+from s4fs.coding._pool import KEEP, CodingPool
 from s4fs.coding._rule import SAME, code_chunk
 from s4fs.coding._worker import (init_worker, item_base, job_files, pwrite_all, read_item,
                                  source_for, spool_changed, store_for)
@@ -172,16 +172,3 @@ class CpuPool(CodingPool):
             ex, self._exec = self._exec, None
         if ex is not None:
             ex.shutdown(wait=True, cancel_futures=True)
-
-
-_shared = ProcessWide()
-
-
-def pool(workers: int, nice: int = 0) -> CpuPool:
-    """The process-wide coding pool (one per daemon, shared by every file)."""
-    return _shared.get(lambda: CpuPool(workers, nice))
-
-
-def shutdown() -> None:
-    """Stop the process-wide CPU workers (the next save starts them again)."""
-    _shared.shutdown()

@@ -46,7 +46,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from s4fs.coding import _worker
 from s4fs.coding._jobs import DecodeJob, ItemResult, Job, JobResult, died
-from s4fs.coding._pool import KEEP, CodingPool, ProcessWide
+from s4fs.coding._pool import KEEP, CodingPool
 from s4fs.coding._rule import DELTA, FULL, SAME, delta_prep
 from s4fs.errors import CodecError
 
@@ -54,10 +54,6 @@ log = logging.getLogger(__name__)
 
 THREADS = 8            # batches the worker reads, codes or writes at once
 MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batch_bytes)
-
-# "module:function" run first in a new worker process (tests install the emulated GPU
-# there); None in normal use
-WORKER_INIT: str | None = None
 
 
 # --- the worker side ---------------------------------------------------------------------
@@ -305,16 +301,3 @@ class GpuPool(CodingPool):
         if w.proc.is_alive():
             w.proc.kill()
             w.proc.join(timeout=5)
-
-
-_shared = ProcessWide()
-
-
-def pool(nice: int = 0) -> GpuPool:
-    """The process-wide GPU worker (one per daemon, shared by every file)."""
-    return _shared.get(lambda: GpuPool(nice, threads=THREADS, init=WORKER_INIT))
-
-
-def shutdown() -> None:
-    """Stop the process-wide GPU worker (the next save starts it again)."""
-    _shared.shutdown()

@@ -1,8 +1,7 @@
-"""The one interface of a coding pool, and the process-wide holder of one."""
+"""The one interface of a coding pool."""
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 
@@ -28,7 +27,8 @@ class CodingPool(ABC):
       starts afresh;
     * ``max_in_flight``: how many batches one session keeps submitted before it waits;
     * :meth:`close` waits for the batches running and stops the pool's workers (a pool
-      shared by the process is closed by its ``shutdown``, not by one session).
+      shared by a filesystem's sessions is closed by its :class:`~s4fs.coding.Pools`,
+      not by one session).
     """
 
     max_in_flight: int = 1
@@ -53,29 +53,3 @@ class CodingPool(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
-
-class ProcessWide:
-    """One pool per process, made on first use and shared by every file (the CPU
-    workers, the GPU worker, the API's save threads in ``s4fs.torch.save``)."""
-
-    def __init__(self) -> None:
-        self._pool = None
-        self._lock = threading.Lock()
-
-    @property
-    def current(self):
-        """The pool, or None when none was made (or it was shut down)."""
-        return self._pool
-
-    def get(self, make):
-        with self._lock:
-            if self._pool is None:
-                self._pool = make()
-            return self._pool
-
-    def shutdown(self) -> None:
-        with self._lock:
-            p, self._pool = self._pool, None
-        if p is not None:
-            p.close()

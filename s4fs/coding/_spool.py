@@ -1,7 +1,7 @@
 """The daemon's side of coding in worker processes: a file fed from a spool file
 becomes batches of spool byte ranges (never the bytes), sent to the process pool
-(:func:`coding_pool`), and the answers become chunk references. The daemon keeps only
-hashes and positions."""
+(:meth:`s4fs.coding.Pools.for_ingest`), and the answers become chunk references. The
+daemon keeps only hashes and positions."""
 
 from __future__ import annotations
 
@@ -16,20 +16,9 @@ from s4fs.codec import _device
 from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_pack
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._jobs import Item, Job
-from s4fs.coding._pool import CodingPool
+from s4fs.coding._pools import Pools
 from s4fs.coding._rule import DELTA, SAME
 from s4fs.manifest import ChunkRef, Stream
-
-
-def coding_pool(cfg: IngestConfig) -> CodingPool:
-    """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
-    the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
-    pipeline on the GPU."""
-    if _device.pipeline(cfg.device) == "cuda":
-        from s4fs.coding import _gpu_pool
-        return _gpu_pool.pool(cfg.nice)
-    from s4fs.coding import _cpu_pool
-    return _cpu_pool.pool(cfg.workers, cfg.nice)
 
 
 class _Chunk:
@@ -71,12 +60,13 @@ class SpoolCoding:
 
     ``raw`` is the file's raw stream; tensor pieces name their stream and its base
     stream (``bases``: where the base version's chunks lie in its decoded copy);
-    ``label`` names the file in errors. ``packs`` lists the packs written."""
+    ``label`` names the file in errors; ``pools``: where the worker processes are.
+    ``packs`` lists the packs written."""
 
-    def __init__(self, store, cfg: IngestConfig, spool_path: str, raw: Stream,
-                 bases: BaseFile, label: str = "") -> None:
+    def __init__(self, store, cfg: IngestConfig, pools: Pools, spool_path: str,
+                 raw: Stream, bases: BaseFile, label: str = "") -> None:
         self.store, self.cfg, self.label = store, cfg, label
-        self.pool = coding_pool(cfg)
+        self.pool = pools.for_ingest(cfg)
         self.batch_bytes = (cfg.gpu_batch_bytes if _device.pipeline(cfg.device) == "cuda"
                             else cfg.batch_bytes)
         self.store_spec = pickle.dumps(store)

@@ -27,7 +27,8 @@ from s4fs.coding._rule import chunk_result, delta_prep
 from s4fs.manifest import ChunkRef
 
 # The GPU decode ahead in-process: eight batches in flight (reading, copying and writing
-# around the one GPU thread's decodes; s4fs.read.fill.GPU_FILL_BATCH says how large).
+# around the one GPU thread's decodes; s4fs.runtime.RuntimeConfig.gpu_fill_batch says
+# how large).
 DECODE_THREADS = 8
 
 

@@ -32,7 +32,7 @@ import time
 import xxhash
 
 from s4fs.codec import _device
-from s4fs.coding import DecodeJob, IngestConfig, ThreadPool, coding_pool
+from s4fs.coding import DecodeJob, IngestConfig, Pools, ThreadPool
 from s4fs.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,6 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
     if cur:
         batches.append(cur)
     return batches
-
-
-# The GPU decode ahead: batches of 16 MiB, eight in flight (reading, copying and writing
-# around the one GPU thread's decodes; s4fs.coding's GPU worker, or its ThreadPool).
-# Measured on the H200 (bench/mount.py, cuda, cold load of 0.59 GiB after a remount):
-# two of 64 MiB 1.35 s, four of 64 MiB 1.02 s, eight of 16 MiB 0.93 s (the CPU workers:
-# 0.88 s).
-GPU_FILL_BATCH = 16 << 20
 
 
 class _Ranges:
@@ -226,10 +218,13 @@ class Fill:
 class Fills:
     """The versions one filesystem is decoding ahead, and where that runs: the CPU
     worker processes, or the GPU (its worker process on a mount, threads of this process
-    for the API). Needs the decoded cache the copies become entries of."""
+    for the API). Needs the decoded cache the copies become entries of; ``pools``: the
+    worker processes; ``gpu_batch``: the most bytes of one batch decoded on the GPU."""
 
-    def __init__(self, store, decoded, ingest: IngestConfig, source) -> None:
+    def __init__(self, store, decoded, ingest: IngestConfig, source, pools: Pools,
+                 gpu_batch: int) -> None:
         self.store, self.decoded, self.ingest, self.source = store, decoded, ingest, source
+        self.pools, self.gpu_batch = pools, gpu_batch
         self._lock = threading.RLock()
         self._fills: dict[str, Fill] = {}
 
@@ -249,11 +244,11 @@ class Fills:
                 if fd is not None:
                     return None, fd
                 if where == "cuda":
-                    pool = (coding_pool(ingest) if ingest.processes else
+                    pool = (self.pools.for_ingest(ingest) if ingest.processes else
                             ThreadPool(ingest, self.source))
-                    batch = min(ingest.gpu_batch_bytes, GPU_FILL_BATCH)
+                    batch = min(ingest.gpu_batch_bytes, self.gpu_batch)
                 else:
-                    pool, batch = coding_pool(ingest), ingest.batch_bytes
+                    pool, batch = self.pools.for_ingest(ingest), ingest.batch_bytes
                 try:
                     f = Fill(m, self.store, self.decoded, pool, batch, self._done)
                 except OSError as exc:

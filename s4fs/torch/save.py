@@ -37,7 +37,6 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
-from s4fs.coding import ProcessWide
 from s4fs.errors import InvalidArgument
 from s4fs.torch import Unsupported
 from s4fs.torch.layout import Layout, finish_layout, read_layout
@@ -300,7 +299,7 @@ class _DeviceSave:
             # writes. Started beside the coding, it held the first batch up by about its
             # own length (0.14 s instead of 0.02 for 1.77 GiB on the H200). The save
             # does not end (nor free a snapshot) before it is done.
-            hashing = _hashing.get(_one_thread("s4fs-save-hash")).submit(
+            hashing = self.fs.runtime.thread("s4fs-save-hash").submit(
                 gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
             for s, i in jobs:
                 if i in host:
@@ -450,15 +449,6 @@ def _gpu_release(device: int) -> None:
 
 # --------------------------------------------------------------------------- async
 
-_background = ProcessWide()         # the thread async saves run on, one after another
-_hashing = ProcessWide()            # the thread that hashes device saves' files after
-                                    # their coding (one codec backend and stream, kept)
-
-
-def _one_thread(name: str):
-    return lambda: cf.ThreadPoolExecutor(1, thread_name_prefix=name)
-
-
 def async_save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
                **save_kwargs) -> cf.Future:
     """Snapshot ``obj`` now, store it in the background; see :func:`s4fs.async_save`."""
@@ -472,4 +462,5 @@ def async_save(obj, path, *, profile=None, config: SaveConfig = SaveConfig(),
         fut: cf.Future = cf.Future()
         fut.set_exception(exc)
         return fut
-    return _background.get(_one_thread("s4fs-async-save")).submit(job.run)
+    # one thread of the filesystem's runtime: async saves run one after another
+    return job.fs.runtime.thread("s4fs-async-save").submit(job.run)

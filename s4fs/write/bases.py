@@ -33,6 +33,7 @@ from s4fs.manifest import Manifest
 from s4fs.write.ingest import IngestSession
 
 if TYPE_CHECKING:
+    from s4fs.coding import Pools
     from s4fs.fs import FsConfig
     from s4fs.read import ChunkSource, DecodedCache, PackCache
     from s4fs.stores import Store
@@ -70,6 +71,7 @@ class SessionPort(Namespace, Protocol):
     decoded: "DecodedCache | None"    # the base's decoded copy, read instead of decoding
     pack_cache: "PackCache | None"    # keeps the packs the ingest writes
     source: "ChunkSource"             # the base's chunks, where its copy lacks them
+    pools: "Pools"                    # the worker processes a spool's coding runs in
 
 
 def _peers(fs: Namespace, folder: str, name: str) -> list[str]:
@@ -154,4 +156,5 @@ def new_session(fs: SessionPort, path: str, previous: Manifest | None,
     return IngestSession(fs.store, fs.cfg.ingest, base=base, base_path=base_path,
                          source=fs.source, on_pack=fs.pack_cache.put
                          if fs.pack_cache is not None else None,
-                         spool_path=spool, base_file=base_file, label=path)
+                         spool_path=spool, base_file=base_file, label=path,
+                         pools=fs.pools)

@@ -25,8 +25,8 @@ from typing import Callable
 import xxhash
 
 from s4fs import keys, metrics
-from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, SpoolCoding,
-                         ThreadPool, base_chunk, base_streams, saw_pack)
+from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, Pools,
+                         SpoolCoding, ThreadPool, base_chunk, base_streams, saw_pack)
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, Stream, seconds_to_ns
 from s4fs.stores import Store
@@ -123,13 +123,15 @@ class _Pending:
 
 
 class IngestSession:
-    """One file being written. Not thread-safe: one writer calls write()/finish()."""
+    """One file being written. Not thread-safe: one writer calls write()/finish().
+    Fed from ``spool_path`` with ``cfg.processes``, it codes in the worker processes of
+    ``pools``."""
 
     def __init__(self, store: Store, cfg: IngestConfig = IngestConfig(), *,
                  base: Manifest | None = None, base_path: str | None = None, source=None,
                  parser=None, on_pack: Callable | None = None,
                  spool_path: str | None = None, base_file: str | None = None,
-                 label: str = "") -> None:
+                 label: str = "", pools: Pools | None = None) -> None:
         if parser is None:
             from s4fs.parse import new_parser
             parser = new_parser()
@@ -166,7 +168,8 @@ class IngestSession:
         self._gpu: GpuBatches | None = None
         if spool_path is not None and cfg.processes:
             # the CPU worker processes, or the GPU worker process
-            self._proc = SpoolCoding(store, cfg, spool_path, self._raw, self._bases, label)
+            self._proc = SpoolCoding(store, cfg, pools, spool_path, self._raw, self._bases,
+                                     label)
         else:
             self._threads = ThreadPool(cfg, source, self._bases.path)
             if self._threads.gpu:

@@ -7,15 +7,17 @@ on the H200 the same tests run with the real one (tests/gpu/test_gpu_save.py).""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
 from emulated_gpu import emulated_gpu
-from s4fs.coding import _cpu_pool as workers, _gpu_pool as gpu_pool
+from s4fs.coding import _gpu_pool as gpu_pool
 from s4fs.codec import inspect
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.coding import IngestConfig
+from s4fs.runtime import Runtime, RuntimeConfig
 from s4fs.stores import LocalStore
 from test_workers import (adversarial_state, change_the_spool_during_a_save,
                           kill_workers_during_a_save, read,
@@ -26,21 +28,29 @@ GPU = dict(processes=True, workers=2, device="cuda", gpu_profile="portable",
            gpu_batch_bytes=2 << 20)
 
 
+RT = Runtime()       # the test's runtime (each test's own: _emulated)
+
+
+def use_runtime(monkeypatch, init: str) -> None:
+    """Close the test's runtime; the next filesystems use a new one whose GPU worker
+    runs ``init`` first."""
+    RT.close()
+    monkeypatch.setattr(sys.modules[__name__], "RT",
+                        Runtime(RuntimeConfig(gpu_worker_init=init)))
+
+
 @pytest.fixture(autouse=True)
 def _emulated(monkeypatch):
     emulated_gpu(monkeypatch)
-    monkeypatch.setattr(gpu_pool, "WORKER_INIT", "emulated_gpu:install_in_worker")
-    gpu_pool.shutdown()
-    workers.shutdown()
+    use_runtime(monkeypatch, "emulated_gpu:install_in_worker")
     yield
-    gpu_pool.shutdown()
-    workers.shutdown()
+    RT.close()
 
 
 def make_fs(tmp_path, name="cache", **over) -> Filesystem:
     return Filesystem(LocalStore(str(tmp_path / "store")),
                       FsConfig(ingest=IngestConfig(**{**GPU, **over}),
-                               cache_dir=str(tmp_path / name)))
+                               cache_dir=str(tmp_path / name)), runtime=RT)
 
 
 def plane_codecs(fs, m) -> set[str]:
@@ -73,9 +83,9 @@ def test_coded_in_the_gpu_process_exact_with_deltas(tmp_path):
             sd["f32"][: 1000 * (step + 1)] += 0.001
             sd["bf16"][::97] = 1.0
         assert "nvcomp-deflate" in plane_codecs(fs, ms[0])
-        pids = gpu_pool.pool().pids()
+        pids = RT.pools.gpu().pids()
         assert pids and os.getpid() not in pids
-        assert workers._shared.current is None, "the CPU workers should not have been started"
+        assert not RT.pools.cpu_started(), "the CPU workers should not have been started"
         assert len(ms[0].own_packs) >= 2                       # batches of 2 MiB
         for m in ms[1:]:
             assert m.base is not None and m.stored_bytes() < len(series[0]) // 2
@@ -111,7 +121,7 @@ def test_spool_changed_under_the_gpu_worker_fails_not_stored(tmp_path):
 def test_a_killed_gpu_worker_fails_that_save_and_the_next_one_works(tmp_path):
     fs = make_fs(tmp_path, gpu_batch_bytes=64 << 20)
     try:
-        kill_workers_during_a_save(fs, tmp_path, lambda: gpu_pool.pool().pids(),
+        kill_workers_during_a_save(fs, tmp_path, lambda: RT.pools.gpu().pids(),
                                    "GPU worker process died while coding")
     finally:
         fs.close()
@@ -121,7 +131,7 @@ def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch, ca
     """Out of device memory in the worker: each batch is coded on the CPU there instead,
     with a warning in the daemon's log (the worker's standard error); the save succeeds
     and reads back exactly."""
-    monkeypatch.setattr(gpu_pool, "WORKER_INIT", "emulated_gpu:install_broken_in_worker")
+    use_runtime(monkeypatch, "emulated_gpu:install_broken_in_worker")
     fs = make_fs(tmp_path)
     try:
         data = torch_bytes(adversarial_state(2))
@@ -131,7 +141,7 @@ def test_a_gpu_that_fails_every_batch_codes_on_the_cpu(tmp_path, monkeypatch, ca
     finally:
         fs.close()
     assert read_fresh(tmp_path, "ckpt.pt") == data
-    gpu_pool.shutdown()
+    RT.pools.close()
     err = capfd.readouterr().err
     assert "WARNING s4fs.ingest (GPU worker): the GPU could not code a batch" in err, err
     assert "out of memory" in err and "coding it on the CPU" in err
@@ -150,14 +160,14 @@ def test_cold_file_decoded_ahead_in_the_gpu_process(tmp_path):
             sd["f32"][::7] += 1
     finally:
         fs.close()
-    gpu_pool.shutdown()
+    RT.pools.close()
     other = make_fs(tmp_path, "cold")
     try:
         m = other.manifest("ckpt.pt")
         assert m.base is not None
         read_cold_then_wait_for_the_copy(other, m, series[-1])
-        assert gpu_pool.pool().pids(), "the GPU worker did not decode ahead"
-        assert workers._shared.current is None
+        assert RT.pools.gpu().pids(), "the GPU worker did not decode ahead"
+        assert not RT.pools.cpu_started()
         with open(other.decoded.path_of(m.id), "rb") as f:
             assert f.read() == series[-1]
     finally:

@@ -180,6 +180,16 @@ def test_coding_never_imports_the_write_room_and_of_the_read_room_only_its_reade
         (_in("s4fs.read", d) and d != "s4fs.read.reader")))
 
 
+# the composition root (s4fs.runtime) is known to those that build or share one; the
+# rooms below are passed what they need of it (ports, constructor arguments)
+RUNTIME_USERS = {"s4fs.fs", "s4fs.api", "s4fs.paths", "s4fs.cli"}
+
+
+def test_only_the_filesystem_api_torch_mount_and_cli_import_the_runtime():
+    assert not _offenders(lambda m, d: d == "s4fs.runtime" and m not in RUNTIME_USERS and
+                          not _in("s4fs.torch", m) and not _in("s4fs.mount", m))
+
+
 ROOMS = ("s4fs.write", "s4fs.read", "s4fs.coding", "s4fs.codec", "s4fs.mount", "s4fs.parse",
          "s4fs.stores", "s4fs.service", "s4fs.testing", "s4fs.torch")
 # private to the package, not to a room: the codec's device decision and blob header,

@@ -15,6 +15,7 @@ import torch
 from s4fs.coding import _cpu_pool as workers
 from s4fs.errors import CodecError, S4Error
 from s4fs.fs import Filesystem, FsConfig
+from s4fs.runtime import current
 from s4fs.coding import IngestConfig
 from s4fs.write import Spool
 from s4fs.stores import LocalStore
@@ -24,7 +25,7 @@ from store_damage import damage_packs
 @pytest.fixture(scope="module", autouse=True)
 def _pool():
     yield
-    workers.shutdown()
+    current().pools.close()
 
 
 def make_fs(tmp_path, **ingest) -> Filesystem:
@@ -212,7 +213,7 @@ def kill_workers_during_a_save(fs, tmp_path, pids, match: str) -> None:
 def test_a_killed_worker_fails_that_save_and_the_next_one_works(tmp_path):
     fs = make_fs(tmp_path, batch_bytes=64 << 20)
     try:
-        pool = workers.pool(2)
+        pool = fs.pools.for_ingest(fs.cfg.ingest)
         pool.warm()
         kill_workers_during_a_save(fs, tmp_path, pool.pids, "died while coding 'ckpt.pt'")
     finally:

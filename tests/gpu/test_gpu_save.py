@@ -377,15 +377,15 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
     ``processes`` (as a mount runs) in the GPU worker process, fed from spool files."""
     import io
 
-    from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
+    from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
-    gpu_pool.shutdown()
+    rt = Runtime()
     cfg = FsConfig(ingest=IngestConfig(device="cuda", gpu_batch_bytes=8 << 20,
                                        processes=processes),
                    cache_dir=str(tmp_path / "cache"))
-    fs = Filesystem(LocalStore(str(tmp_path / "store")), cfg)
+    fs = Filesystem(LocalStore(str(tmp_path / "store")), cfg, runtime=rt)
     sd = {k: v.cpu() for k, v in _state().items() if hasattr(v, "cpu")}
     sd.update({str(dt): _adversarial(dt, 1 << 19, "cpu")
                for dt in (torch.bfloat16, torch.float16, torch.float32, torch.int64)})
@@ -419,10 +419,10 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
             r.release()
     finally:
         fs.close()
-    gpu_pool.shutdown()
+    rt.pools.close()
     cold = Filesystem(LocalStore(str(tmp_path / "store")),
                       FsConfig(ingest=IngestConfig(device="cuda", processes=processes),
-                               cache_dir=str(tmp_path / "cold")))
+                               cache_dir=str(tmp_path / "cold")), runtime=rt)
     try:
         data = series[-1]
         r = cold.open_read("run/ckpt_2.pt")
@@ -434,10 +434,10 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
         r.release()
         assert bytes(got) == data and tail == data[-22:]
         if processes:
-            assert gpu_pool.pool().pids(), "the GPU worker process decoded nothing"
+            assert rt.pools.gpu().pids(), "the GPU worker process decoded nothing"
     finally:
         cold.close()
-        gpu_pool.shutdown()
+        rt.close()
 
 
 def _save_from_spool(fs, path: str, data: bytes) -> None:

@@ -1,0 +1,62 @@
+"""The worker processes one owner starts and stops: :class:`Pools`."""
+
+from __future__ import annotations
+
+import threading
+
+from s4fs.codec import _device
+from s4fs.coding._config import IngestConfig
+from s4fs.coding._pool import CodingPool
+
+
+class Pools:
+    """The coding worker processes of one owner (s4fs.runtime's ``Runtime``): CPU
+    workers, one pool per (workers, nice), and the one GPU worker process; each made on
+    first use and shared by every file, all stopped by :meth:`close` (a later use starts
+    them again). ``gpu_worker_init``: "module:function" run first in a new GPU worker
+    (tests install the emulated GPU there)."""
+
+    def __init__(self, gpu_worker_init: str | None = None) -> None:
+        self.gpu_worker_init = gpu_worker_init
+        self._lock = threading.Lock()
+        self._cpu: dict[tuple[int, int], CodingPool] = {}
+        self._gpu: CodingPool | None = None
+
+    def cpu(self, workers: int, nice: int = 0) -> CodingPool:
+        """The CPU worker processes for (``workers``, ``nice``)."""
+        from s4fs.coding._cpu_pool import CpuPool
+        with self._lock:
+            p = self._cpu.get((workers, nice))
+            if p is None:
+                p = self._cpu[workers, nice] = CpuPool(workers, nice)
+            return p
+
+    def gpu(self, nice: int = 0) -> CodingPool:
+        """The GPU worker process (the first ``nice`` asked for it stays)."""
+        from s4fs.coding import _gpu_pool
+        with self._lock:
+            if self._gpu is None:
+                self._gpu = _gpu_pool.GpuPool(nice, threads=_gpu_pool.THREADS,
+                                              init=self.gpu_worker_init)
+            return self._gpu
+
+    def for_ingest(self, cfg: IngestConfig) -> CodingPool:
+        """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
+        the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
+        pipeline on the GPU."""
+        if _device.pipeline(cfg.device) == "cuda":
+            return self.gpu(cfg.nice)
+        return self.cpu(cfg.workers, cfg.nice)
+
+    def cpu_started(self) -> bool:
+        """Whether any CPU worker pool was made (since the last :meth:`close`)."""
+        with self._lock:
+            return bool(self._cpu)
+
+    def close(self) -> None:
+        """Stop every worker process; wait for the batches running."""
+        with self._lock:
+            pools = [*self._cpu.values(), *([self._gpu] if self._gpu is not None else [])]
+            self._cpu, self._gpu = {}, None
+        for p in pools:
+            p.close()
