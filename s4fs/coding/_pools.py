@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from s4fs.codec import _device
 from s4fs.coding._config import IngestConfig
@@ -11,9 +12,10 @@ from s4fs.coding._pool import CodingPool
 
 class Pools:
     """The coding worker processes of one owner (s4fs.runtime's ``Runtime``): CPU
-    workers, one pool per (workers, nice), and the one GPU worker process; each made on
-    first use and shared by every file, all stopped by :meth:`close` (a later use starts
-    them again). ``gpu_worker_init``: "module:function" run first in a new GPU worker
+    workers, one pool per (workers, nice), and the one GPU worker process; and the
+    threads in-process sessions code and decode on (``coding.ThreadPool``). Each is made
+    on first use and shared by every file, all stopped by :meth:`close` (a later use
+    starts them again). ``gpu_worker_init``: "module:function" run first in a new GPU worker
     (tests install the emulated GPU there)."""
 
     def __init__(self, gpu_worker_init: str | None = None) -> None:
@@ -21,6 +23,8 @@ class Pools:
         self._lock = threading.Lock()
         self._cpu: dict[tuple[int, int], CodingPool] = {}
         self._gpu: CodingPool | None = None
+        self._codec: ThreadPoolExecutor | None = None
+        self._decode: ThreadPoolExecutor | None = None
 
     def cpu(self, workers: int, nice: int = 0) -> CodingPool:
         """The CPU worker processes for (``workers``, ``nice``)."""
@@ -40,6 +44,25 @@ class Pools:
                                               init=self.gpu_worker_init)
             return self._gpu
 
+    def codec_threads(self, workers: int, nice: int = 0) -> ThreadPoolExecutor:
+        """The threads in-process sessions code on (the first size asked for stays)."""
+        from s4fs.coding._threads import lower_priority
+        with self._lock:
+            if self._codec is None:
+                self._codec = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-codec",
+                                                 initializer=lower_priority,
+                                                 initargs=(nice,))
+            return self._codec
+
+    def decode_threads(self) -> ThreadPoolExecutor:
+        """The threads an in-process decode ahead runs its batches on."""
+        from s4fs.coding._threads import DECODE_THREADS
+        with self._lock:
+            if self._decode is None:
+                self._decode = ThreadPoolExecutor(DECODE_THREADS,
+                                                  thread_name_prefix="s4fs-gpu-fill")
+            return self._decode
+
     def for_ingest(self, cfg: IngestConfig) -> CodingPool:
         """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
         the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
@@ -58,5 +81,9 @@ class Pools:
         with self._lock:
             pools = [*self._cpu.values(), *([self._gpu] if self._gpu is not None else [])]
             self._cpu, self._gpu = {}, None
+            threads = [t for t in (self._codec, self._decode) if t is not None]
+            self._codec = self._decode = None
         for p in pools:
             p.close()
+        for t in threads:
+            t.shutdown(wait=True, cancel_futures=True)

@@ -43,29 +43,6 @@ def lower_priority(nice: int) -> None:
         pass
 
 
-class _Executors:
-    """The process-wide thread pools every in-process session shares."""
-
-    _codec: ThreadPoolExecutor | None = None
-    _decode: ThreadPoolExecutor | None = None
-    _lock = threading.Lock()
-
-    @classmethod
-    def codec(cls, workers: int, nice: int = 0) -> ThreadPoolExecutor:
-        if cls._codec is None:
-            cls._codec = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-codec",
-                                            initializer=lower_priority, initargs=(nice,))
-        return cls._codec
-
-    @classmethod
-    def decode(cls) -> ThreadPoolExecutor:
-        with cls._lock:
-            if cls._decode is None:
-                cls._decode = ThreadPoolExecutor(DECODE_THREADS,
-                                                 thread_name_prefix="s4fs-gpu-fill")
-            return cls._decode
-
-
 class ThreadPool(CodingPool):
     """Coding on threads of this process, for one session (or one decode ahead).
 
@@ -74,11 +51,13 @@ class ThreadPool(CodingPool):
     base version's decoded copy, read first for a GPU batch's bases. A CPU batch is
     coded chunk by chunk under the chunk rule (checksums taken here); a GPU batch (the
     config's pipeline is "cuda") in one call on the GPU thread (``_device_batch``).
-    :meth:`submit_decode` decodes on this process's GPU. The threads are shared by the
-    process: :meth:`close` leaves them running."""
+    :meth:`submit_decode` decodes on this process's GPU. The threads are ``pools``'s,
+    shared by every session of their owner: :meth:`close` leaves them running."""
 
-    def __init__(self, cfg: IngestConfig, source=None, base_path: str | None = None) -> None:
+    def __init__(self, cfg: IngestConfig, source=None, base_path: str | None = None, *,
+                 pools) -> None:
         self.cfg, self.source, self.base_path = cfg, source, base_path
+        self.pools = pools
         self.gpu = _device.pipeline(cfg.device) == "cuda"
 
     @property
@@ -89,10 +68,11 @@ class ThreadPool(CodingPool):
 
     def submit(self, job: ChunkBatch) -> Future:
         code = self._code_on_gpu if self.gpu else self._code_on_cpu
-        return _Executors.codec(self.cfg.workers, self.cfg.nice).submit(code, job.items)
+        return self.pools.codec_threads(self.cfg.workers, self.cfg.nice).submit(code,
+                                                                               job.items)
 
     def submit_decode(self, job: DecodeJob) -> Future:
-        return _Executors.decode().submit(decode_into, self.source, job)
+        return self.pools.decode_threads().submit(decode_into, self.source, job)
 
     def result(self, fut: Future, what: str, *, doing: str = "coding", then: str = KEEP):
         return fut.result()

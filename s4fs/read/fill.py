@@ -245,7 +245,7 @@ class Fills:
                     return None, fd
                 if where == "cuda":
                     pool = (self.pools.for_ingest(ingest) if ingest.processes else
-                            ThreadPool(ingest, self.source))
+                            ThreadPool(ingest, self.source, pools=self.pools))
                     batch = min(ingest.gpu_batch_bytes, self.gpu_batch)
                 else:
                     pool, batch = self.pools.for_ingest(ingest), ingest.batch_bytes

@@ -171,7 +171,7 @@ class IngestSession:
             self._proc = SpoolCoding(store, cfg, pools, spool_path, self._raw, self._bases,
                                      label)
         else:
-            self._threads = ThreadPool(cfg, source, self._bases.path)
+            self._threads = ThreadPool(cfg, source, self._bases.path, pools=pools)
             if self._threads.gpu:
                 self._gpu = GpuBatches(self._threads)
 
