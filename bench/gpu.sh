@@ -16,7 +16,8 @@
 #   delta   deltas on a GPT pretrained here, full-only vs delta            (400 s)
 #   train-loop  a GPT training on the GPU, checkpointed every 200 steps by every
 #           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
-#           default and --writeback on cpu and cuda): blocked s, overhead   (560 s)
+#           default and --writeback on cpu and cuda, and the floor of a pyfuse3
+#           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some  (560 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -95,7 +96,8 @@ for suite in "$@"; do
         run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
         ;;
     train-loop)
-        run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp
+        run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp \
+            ${TRAIN_MODES:+--modes "$TRAIN_MODES"}
         ;;
     esac
 done

@@ -16,7 +16,11 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
 * ``s4fs.save``, ``s4fs.async_save``: the Python API into a local store;
 * ``mount``, ``mount-wb``: unchanged ``torch.save`` through an s4fs FUSE mount on a
   local store, default mode (durable at ``close()``) and ``--writeback``; ``-cuda``
-  variants code on the GPU (``--device cuda``), the others on CPU workers.
+  variants code on the GPU (``--device cuda``), the others on CPU workers;
+* ``fuse-floor``, ``fuse-floor+sync``: unchanged ``torch.save`` through a pyfuse3 mount
+  that only passes each request to a local file (``bench/_fuse_floor.py``; ``+sync``
+  fsyncs it at ``close()``): the floor of any Python FUSE mount, the transport's own
+  cost, measured in the same run as the mount's modes.
 
 An async mode waits for its previous save before the next one (counted as blocked), as
 a training script must. Background work left at the end (an async save, a writeback
@@ -44,8 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import machine, table  # noqa: E402
 
-MODES = ("none", "local+sync", "local", "dcp-async", "s4fs.save", "s4fs.async_save",
-         "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
+MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "dcp-async",
+         "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
 
 
 class Trainer:
@@ -113,7 +117,21 @@ class Mode:
         self.mountpoint = None
         self.store = os.path.join(self.work, "store")
         self.logical = 0
-        if name.startswith("mount"):
+        self.floor = None
+        if name.startswith("fuse-floor"):
+            os.makedirs(self.store)
+            self.mountpoint = os.path.join(self.work, "mnt")
+            os.makedirs(self.mountpoint)
+            here = os.path.dirname(os.path.abspath(__file__))
+            self.floor = subprocess.Popen(
+                [sys.executable, os.path.join(here, "_fuse_floor.py"), self.store,
+                 self.mountpoint] + (["--fsync"] if name.endswith("+sync") else []))
+            deadline = time.monotonic() + 60
+            while not os.path.ismount(self.mountpoint):
+                if self.floor.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the FUSE floor mount did not come up")
+                time.sleep(0.05)
+        elif name.startswith("mount"):
             os.makedirs(self.store)
             self.mountpoint = os.path.join(self.work, "mnt")
             os.makedirs(self.mountpoint)
@@ -170,7 +188,14 @@ class Mode:
         return None
 
     def close(self) -> None:
-        if self.mountpoint:
+        if self.floor is not None:
+            self.floor.terminate()
+            try:
+                self.floor.wait(60)
+            except subprocess.TimeoutExpired:
+                self.floor.kill()
+                subprocess.run(["umount", "-l", self.mountpoint], check=False)
+        elif self.mountpoint:
             _cli("umount", self.mountpoint, timeout=300)
 
 
