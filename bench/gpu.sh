@@ -17,7 +17,8 @@
 #   train-loop  a GPT training on the GPU, checkpointed every 200 steps by every
 #           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
 #           default and --writeback on cpu and cuda, and the floor of a pyfuse3
-#           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some  (560 s)
+#           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some;
+#           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT  (560 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -50,6 +51,7 @@ run() {   # run SECONDS CMD...: one step, its output and exit status into the lo
 }
 # shellcheck disable=SC1091   # the offline kit is made outside the repository
 source .offline-kit/setup.sh >>"$LOG" 2>&1
+export PATH=$R/.offline-kit/site/bin:$PATH     # py-spy, where the kit carries its wheel
 rm -rf /tmp/s4                               # a warm machine keeps the last install
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/s4 . >>"$LOG" 2>&1
 export PYTHONPATH=/tmp/s4:${PYTHONPATH:-}
@@ -97,7 +99,7 @@ for suite in "$@"; do
         ;;
     train-loop)
         run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp \
-            ${TRAIN_MODES:+--modes "$TRAIN_MODES"}
+            ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
         ;;
     esac
 done

@@ -110,7 +110,7 @@ def _du(folder: str) -> int:
 class Mode:
     """One way of taking checkpoints: ``save(state, i)`` (blocking part), ``drain()``."""
 
-    def __init__(self, name: str, work: str, device: str) -> None:
+    def __init__(self, name: str, work: str, device: str, verbose: bool = False) -> None:
         self.name, self.work = name, os.path.join(work, name)
         os.makedirs(self.work)
         self.pending = None
@@ -138,7 +138,7 @@ class Mode:
             extra = ["--writeback"] if "-wb" in name else []
             extra += ["--device", "cuda" if name.endswith("-cuda") else "cpu"]
             _cli("mount", self.store, self.mountpoint, "--cache-dir",
-                 os.path.join(self.work, "cache"), *extra)
+                 os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []))
         elif name == "dcp-async":
             import torch.distributed as dist
             if not dist.is_initialized():
@@ -199,12 +199,38 @@ class Mode:
             _cli("umount", self.mountpoint, timeout=300)
 
 
+def _profiler(mode: Mode, folder: str | None):
+    """py-spy recording the mount's daemon (and its worker processes) while the mode
+    runs, or None."""
+    if not folder or not mode.mountpoint or not shutil.which("py-spy"):
+        return None
+    pid = next((int(p) for p in os.listdir("/proc") if p.isdigit()
+                and " mount " in _cmdline(p) and mode.mountpoint in _cmdline(p)
+                and int(p) != os.getpid()), None)
+    if pid is None:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--subprocesses",
+                             "--rate", "200", "--format", "raw", "--nonblocking",
+                             "--output", os.path.join(folder, f"{mode.name}.pyspy.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
-        device: str) -> dict:
+        device: str, profile: str | None = None) -> dict:
     trainer.model.load_state_dict(start["model"])
     trainer.opt.load_state_dict(start["optim"])
     trainer.g.manual_seed(1)
-    mode = Mode(name, work, device)
+    mode = Mode(name, work, device, verbose=bool(profile))
+    spy = _profiler(mode, profile)
     blocked: list[float] = []
     try:
         t0 = time.perf_counter()
@@ -220,7 +246,17 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
         drain = time.perf_counter() - t
         stored = mode.stored()
     finally:
+        if spy is not None:
+            spy.send_signal(2)
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         mode.close()
+        if profile and os.path.exists(os.path.join(mode.work, "cache", "s4fs-mount.log")):
+            os.makedirs(profile, exist_ok=True)
+            shutil.copy(os.path.join(mode.work, "cache", "s4fs-mount.log"),
+                        os.path.join(profile, f"{name}.daemon.log"))
     return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
             "first": blocked[0] if blocked and name != "none" else 0.0,
             "wall": wall, "drain": drain, "stored": stored}
@@ -234,6 +270,9 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
     ap.add_argument("--work", default=None, help="folder on the disk to measure (a temp dir)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="keep each mount's daemon log in DIR, and where py-spy is on PATH, "
+                         "a profile of the daemon and its workers while the mode runs")
     args = ap.parse_args(argv)
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -261,7 +300,7 @@ def main(argv=None) -> int:
         for name in modes:
             try:
                 results[name] = run(trainer, start, name, work, args.every,
-                                    args.checkpoints, device)
+                                    args.checkpoints, device, args.profile)
             except Exception as exc:             # noqa: BLE001 - reported, the rest runs
                 print(f"# {name} failed: {type(exc).__name__}: {exc}")
             shutil.rmtree(os.path.join(work, name), ignore_errors=True)
