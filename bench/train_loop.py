@@ -211,7 +211,7 @@ def _profiler(mode: Mode, folder: str | None):
         return None
     os.makedirs(folder, exist_ok=True)
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--subprocesses",
-                             "--rate", "200", "--format", "raw", "--nonblocking",
+                             "--rate", "200", "--format", "raw", "--nonblocking", "--threads",
                              "--output", os.path.join(folder, f"{mode.name}.pyspy.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
