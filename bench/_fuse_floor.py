@@ -4,10 +4,12 @@ Whatever an unchanged ``torch.save`` costs through it is the cost of the FUSE tr
 itself as pyfuse3 runs it (one request of at most 1 MiB at a time, answered by one
 Python process), which no pyfuse3 filesystem can go below.
 
-    python bench/_fuse_floor.py BACKING_DIR MOUNTPOINT [--fsync]
+    python bench/_fuse_floor.py BACKING_DIR MOUNTPOINT [--fsync] [--kernel-cache]
 
 ``--fsync``: ``close()`` returns only once the file is on disk (flush fsyncs it), the
-floor of a FUSE mount that is durable at ``close()``. Runs in the foreground until
+floor of a FUSE mount that is durable at ``close()``. ``--kernel-cache``: the kernel's
+FUSE writeback cache on (writes land in the page cache; the kernel sends them on in the
+background and all of them before ``close()`` returns). Runs in the foreground until
 SIGTERM / SIGINT or an unmount. Used by ``bench/train_loop.py`` (modes ``fuse-floor``
 and ``fuse-floor+sync``); flat files only, enough for ``torch.save``/``torch.load``.
 """
@@ -125,6 +127,7 @@ class Floor(pyfuse3.Operations):
 def main(argv: list[str]) -> int:
     backing, mountpoint = argv[0], argv[1]
     ops = Floor(backing, fsync="--fsync" in argv)
+    ops.enable_writeback_cache = "--kernel-cache" in argv
     opts = set(pyfuse3.default_options) | {"fsname=fuse-floor"}
     pyfuse3.init(ops, mountpoint, opts)
 

@@ -20,7 +20,9 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
 * ``fuse-floor``, ``fuse-floor+sync``: unchanged ``torch.save`` through a pyfuse3 mount
   that only passes each request to a local file (``bench/_fuse_floor.py``; ``+sync``
   fsyncs it at ``close()``): the floor of any Python FUSE mount, the transport's own
-  cost, measured in the same run as the mount's modes.
+  cost, measured in the same run as the mount's modes; ``fuse-floor-kc``,
+  ``fuse-floor-kc+sync``: the same with the kernel's FUSE writeback cache on (writes land
+  in the page cache and reach the daemon in the background, before ``close()`` returns).
 
 An async mode waits for its previous save before the next one (counted as blocked), as
 a training script must. Background work left at the end (an async save, a writeback
@@ -48,7 +50,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import machine, table  # noqa: E402
 
-MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "dcp-async",
+MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
+         "fuse-floor-kc", "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
 
 
@@ -125,7 +128,8 @@ class Mode:
             here = os.path.dirname(os.path.abspath(__file__))
             self.floor = subprocess.Popen(
                 [sys.executable, os.path.join(here, "_fuse_floor.py"), self.store,
-                 self.mountpoint] + (["--fsync"] if name.endswith("+sync") else []))
+                 self.mountpoint] + (["--fsync"] if name.endswith("+sync") else [])
+                + (["--kernel-cache"] if "-kc" in name else []))
             deadline = time.monotonic() + 60
             while not os.path.ismount(self.mountpoint):
                 if self.floor.poll() is not None or time.monotonic() > deadline:
