@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable, Sequence
 
@@ -70,3 +72,17 @@ def machine() -> str:
     except OSError:
         load = ""
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {load}"
+
+
+def s4fs_cli(*args: str, timeout: float = 600) -> None:
+    """Run ``s4fs ARGS...`` (this interpreter's s4fs); raise with its stderr if it fails."""
+    res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
+                         text=True, timeout=timeout)
+    if res.returncode:
+        raise RuntimeError(f"s4fs {' '.join(args)} failed: {res.stderr.strip()}")
+
+
+def du(folder: str) -> int:
+    """Bytes in the files under ``folder``."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
+               for f in fs)

@@ -3,7 +3,7 @@
 # CUDA GPU (the H200 box), and the tests that need that machine.
 #
 # Usage: bash bench/gpu.sh SUITE...    SUITE: tests codec save mount fill ingest delta
-#                                             train-loop
+#                                             train-loop multi-gpu
 #
 #   tests   the GPU tests, then the FUSE trust, writeback and coherence tests (600 s)
 #   codec   the GPU codec vs nvCOMP alone and the CPU path, bf16/fp32/AdamW,
@@ -19,6 +19,9 @@
 #           default and --writeback on cpu and cuda, and the floor of a pyfuse3
 #           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some;
 #           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT  (560 s)
+#   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
+#           local disk, through one --device cuda mount and with s4fs.dcp's
+#           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB  (560 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -28,7 +31,7 @@
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
 set -u
-suites="tests codec save mount fill ingest delta train-loop"
+suites="tests codec save mount fill ingest delta train-loop multi-gpu"
 usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
@@ -100,6 +103,11 @@ for suite in "$@"; do
     train-loop)
         run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
+        ;;
+    multi-gpu)
+        nvidia-smi topo -m >>"$LOG" 2>&1
+        run 560 python3 "$B/multi_gpu.py" --gib "${MULTI_GIB:-2}" --every 50 --checkpoints 3 \
+            --work /tmp --timeout 240
         ;;
     esac
 done

@@ -48,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import machine, table  # noqa: E402
+from _common import du, machine, s4fs_cli, table  # noqa: E402
 
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
          "fuse-floor-kc", "dcp-async",
@@ -98,18 +98,6 @@ class Trainer:
         return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
 
 
-def _cli(*args: str, timeout: float = 600) -> None:
-    res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
-                         text=True, timeout=timeout)
-    if res.returncode:
-        raise RuntimeError(f"s4fs {' '.join(args)} failed: {res.stderr.strip()}")
-
-
-def _du(folder: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
-               for f in fs)
-
-
 class Mode:
     """One way of taking checkpoints: ``save(state, i)`` (blocking part), ``drain()``."""
 
@@ -141,7 +129,7 @@ class Mode:
             os.makedirs(self.mountpoint)
             extra = ["--writeback"] if "-wb" in name else []
             extra += ["--device", "cuda" if name.endswith("-cuda") else "cpu"]
-            _cli("mount", self.store, self.mountpoint, "--cache-dir",
+            s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
                  os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []))
         elif name == "dcp-async":
             import torch.distributed as dist
@@ -184,11 +172,11 @@ class Mode:
     def drain(self) -> None:
         self._wait()
         if self.mountpoint and "-wb" in self.name:
-            _cli("sync", self.mountpoint)
+            s4fs_cli("sync", self.mountpoint)
 
     def stored(self) -> int | None:
         if self.name.startswith(("s4fs", "mount")) and os.path.isdir(self.store):
-            return _du(self.store)
+            return du(self.store)
         return None
 
     def close(self) -> None:
@@ -200,7 +188,7 @@ class Mode:
                 self.floor.kill()
                 subprocess.run(["umount", "-l", self.mountpoint], check=False)
         elif self.mountpoint:
-            _cli("umount", self.mountpoint, timeout=300)
+            s4fs_cli("umount", self.mountpoint, timeout=300)
 
 
 def _profiler(mode: Mode, folder: str | None):
