@@ -5,7 +5,8 @@
 # Usage: bash bench/gpu.sh SUITE...    SUITE: tests codec save mount fill ingest delta
 #                                             train-loop multi-gpu
 #
-#   tests   the GPU tests, then the FUSE trust, writeback and coherence tests (600 s)
+#   tests   the GPU tests, then the FUSE trust, writeback and coherence tests
+#           (TESTS_MOUNT=0: the GPU tests alone)                            (600 s)
 #   codec   the GPU codec vs nvCOMP alone and the CPU path, bf16/fp32/AdamW,
 #           4 MiB chunks across tensors, then cut per tensor              (240 s)
 #   save    s4fs.save / async_save / load of GPU-resident state vs torch.save
@@ -72,6 +73,7 @@ for suite in "$@"; do
     tests)
         run 300 "${T[@]}" "$R/tests/gpu/test_gpu_codec.py" "$R/tests/gpu/test_gpu_save.py" \
             "$R/tests/core/test_gpu_pool.py" "$R/tests/codec/test_container_batch.py"
+        [ "${TESTS_MOUNT:-1}" = 0 ] ||
         run 300 "${T[@]}" "$R/tests/mount/test_trust.py" "$R/tests/mount/test_writeback.py" \
             "$R/tests/mount/test_coherence.py" -m "not s3"
         ;;
@@ -107,7 +109,7 @@ for suite in "$@"; do
     multi-gpu)
         nvidia-smi topo -m >>"$LOG" 2>&1
         run 560 python3 "$B/multi_gpu.py" --gib "${MULTI_GIB:-2}" --every 50 --checkpoints 3 \
-            --work /tmp --timeout 240
+            --work /tmp --timeout "${MULTI_TIMEOUT:-240}"
         ;;
     esac
 done

@@ -11,10 +11,13 @@ Pure functions over buffers; knows nothing about files, stores or FUSE.
 from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError,
                          CodecUnavailableError, FormatError, UnsupportedVersionError)
 
-from . import _nvcomp_twins, _plane_codecs
+from . import _device, _nvcomp_twins, _plane_codecs
 from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompress, inspect, xor
 from ._dtypes import DType, dtype_names, lookup
-from ._device import gpu_available, stop_gpu_thread
+from ._planes import plane_roles
+from ._container import unpack as read_header
+from ._device import (AUTO_GPU_BELOW_CORES, DEVICES, gpu_available, has_gpu_planes,
+                      on_gpu_thread, stop_gpu_thread)
 
 # the nvCOMP plane codec ids are registered here, held by the GPU codecs' CPU twins: each
 # decodes what s4fs.codec.gpu writes under its id (or refuses, saying what is needed), and
@@ -23,9 +26,19 @@ for _twin in _nvcomp_twins.ALL:
     _plane_codecs.register(_twin)
 del _twin
 
+
+def resolve_device(device: str) -> str:
+    """``"cpu"`` or ``"cuda"``: where a whole pipeline (the mount's coding, decoding
+    ahead) runs under the setting ``device`` (``"auto"``, ``"cpu"`` or ``"cuda"``;
+    ``"cuda"`` without a usable GPU raises, saying what is missing)."""
+    return _device.pipeline(device)
+
+
 __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",
     "lookup", "checksum", "xor", "as_bytes", "gpu_available", "stop_gpu_thread",
+    "DEVICES", "AUTO_GPU_BELOW_CORES", "resolve_device", "on_gpu_thread", "has_gpu_planes",
+    "read_header", "plane_roles",
     "CodecError", "FormatError", "ChecksumError", "BaseMismatchError",
     "UnsupportedVersionError", "CodecUnavailableError",
 ]

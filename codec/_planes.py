@@ -336,3 +336,24 @@ def _join(planes: list, n: int, ut) -> np.ndarray:
             acc <<= ut(8)
         acc |= np.frombuffer(p, dtype=np.uint8, count=n).astype(ut)
     return acc
+
+
+def plane_roles(head) -> list[str]:
+    """What each plane of a blob holds ("sign", "exponent", "mantissa", "bytes", ...),
+    by the layout its parsed container header names."""
+    from ._dtypes import from_code
+    layout, nplanes = head.layout, len(head.planes)
+    if layout == FLAT:
+        roles = ["bytes"]
+    elif layout == FLOAT_SM:
+        roles = ["exponent", "sign+mantissa"] + ["mantissa"] * 8
+    elif layout == SIGN_BYTES:
+        roles = ["sign", "exponent+mantissa", "mantissa"]
+    elif layout == BYTES:
+        roles = ["bytes"] * 16
+    else:                                             # FLOAT: sign, exponent, mantissa
+        dt = from_code(head.dtype_code)
+        exp_bytes = max(1, (getattr(dt, "ebits", 8) or 8 + 7) // 8)
+        roles = ["sign"] + ["exponent"] * exp_bytes + ["mantissa"] * 8
+    roles = roles[:nplanes]
+    return roles + ["tail"] * (nplanes - len(roles))

@@ -203,9 +203,9 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         # not wait for interpreters to start. The GPU worker is started before the mount
         # is ready: loading CuPy, nvCOMP and a CUDA context takes seconds, which the
         # first save or cold load would otherwise wait for.
-        from s4fs.codec import _device
+        from s4fs.codec import resolve_device
         coders = fs.runtime.pools.for_ingest(ingest)
-        if _device.pipeline(ingest.device) == "cuda":
+        if resolve_device(ingest.device) == "cuda":
             coders.warm(timeout=GPU_WARM_SECONDS)
         else:
             threading.Thread(target=coders.warm, daemon=True,

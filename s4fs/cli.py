@@ -97,7 +97,7 @@ def cmd_mount(args) -> int:
     from s4fs.stores import open_store
     if args.cache_dir:
         os.makedirs(args.cache_dir, exist_ok=True)
-    from s4fs.mount._daemon import prepare_mountpoint
+    from s4fs.mount import prepare_mountpoint
     prepare_mountpoint(mountpoint)      # refuse a live mount before opening the store
     # the daemon's worker processes and threads: started through the mount, closed last
     from s4fs.runtime import Runtime
@@ -410,7 +410,7 @@ def cmd_gc(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from s4fs.codec import _device
+    from s4fs.codec import AUTO_GPU_BELOW_CORES, DEVICES
     p = argparse.ArgumentParser(prog="s4fs", description="lossless checkpoint filesystem")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -420,12 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--foreground", "-f", action="store_true")
     m.add_argument("--allow-other", action="store_true")
     m.add_argument("--cache-dir")
-    m.add_argument("--device", choices=list(_device.DEVICES),
+    m.add_argument("--device", choices=list(DEVICES),
                    help="where new chunks are coded and cold files decoded ahead: cpu "
                         "(default: worker processes; files any machine reads), cuda (the "
                         "GPU worker, in batches; nvCOMP ANS planes, read where a GPU is) "
                         "or auto (the GPU on machines with fewer than "
-                        f"{_device.AUTO_GPU_BELOW_CORES} cores, else the CPU)")
+                        f"{AUTO_GPU_BELOW_CORES} cores, else the CPU)")
     m.add_argument("--gc-interval", type=float, default=3600.0,
                    help="seconds between background garbage collections (0: never)")
     m.add_argument("--uid", type=int, help="show files as owned by this user id")

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from s4fs.codec._device import DEVICES
+from s4fs.codec import DEVICES
 from s4fs.errors import InvalidArgument
 
 DEFAULT_PATH = "/etc/s4fs/config.toml"

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys, sealed
-from s4fs.codec import _device
+from s4fs.codec import resolve_device
 from s4fs.coding import IngestConfig
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound, S4Error)
@@ -121,7 +121,7 @@ class Filesystem:
         # on a mount whose pipeline is the GPU worker process, there (the daemon itself
         # makes no CUDA context)
         ingest = self.cfg.ingest
-        self._gpu_worker = ingest.processes and _device.pipeline(ingest.device) == "cuda"
+        self._gpu_worker = ingest.processes and resolve_device(ingest.device) == "cuda"
         offload = None
         if self._gpu_worker:
             pools = self.pools

@@ -158,7 +158,7 @@ def run_report(fs, rel: str, *, top: int = 12, progress=None) -> dict:
 def _largest_tensors(fs, files: list[str], top: int) -> list[dict]:
     """The ``top`` largest tensors of the newest checkpoint with their planes' share of
     what they stored (chunk headers only: a ranged read of each chunk's first bytes)."""
-    from s4fs.codec import _container, _dtypes
+    from s4fs.codec import plane_roles, read_header
     if not files or top <= 0:
         return []
     newest = max(files, key=lambda f: (step_of(f) or 0, fs.manifest(f).mtime))
@@ -174,11 +174,11 @@ def _largest_tensors(fs, files: list[str], top: int) -> list[dict]:
                 continue
             head = fs.store.get(c.pack, c.offset, c.offset + min(c.stored, 256))
             try:
-                h = _container.unpack(head, whole=False)
+                h = read_header(head, whole=False)
             except Exception:                         # noqa: BLE001 - header only
                 planes["unknown"] += c.stored
                 continue
-            roles = plane_roles(h.layout, _dtypes.from_code(h.dtype_code), len(h.planes))
+            roles = plane_roles(h)
             for role, p in zip(roles, h.planes):
                 planes[role] += p.enc_len
             planes["header"] += h.payload_offset
@@ -187,25 +187,6 @@ def _largest_tensors(fs, files: list[str], top: int) -> list[dict]:
                     "family": family(m.names.get(s.name, s.name), s.dtype),
                     "logical": s.length, "stored": stored, "planes": dict(planes)})
     return out
-
-
-def plane_roles(layout: int, dt, nplanes: int) -> list[str]:
-    """What each plane of a chunk holds, by the layout its header names."""
-    from s4fs.codec import _planes as P
-    if layout == P.FLAT:
-        roles = ["bytes"]
-    elif layout == P.FLOAT_SM:
-        roles = ["exponent", "sign+mantissa"] + ["mantissa"] * 8
-    elif layout == P.SIGN_BYTES:
-        roles = ["sign", "exponent+mantissa", "mantissa"]
-    elif layout == P.BYTES:
-        roles = ["bytes"] * 16
-    else:                                             # FLOAT: sign, exponent, mantissa
-        exp_bytes = max(1, (getattr(dt, "ebits", 8) or 8 + 7) // 8)
-        roles = ["sign"] + ["exponent"] * exp_bytes + ["mantissa"] * 8
-    roles = roles[:nplanes]
-    roles += ["tail"] * (nplanes - len(roles))
-    return roles
 
 
 # --- drawing -----------------------------------------------------------------------------

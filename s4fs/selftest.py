@@ -41,11 +41,11 @@ def _check(fn, data: bytes) -> tuple[bool, str]:
 
 
 def run(device: str, n_random: int = 1_000_000, out=sys.stdout) -> int:
-    from s4fs.codec import _device, compress, decompress
-    from s4fs.codec._dtypes import lookup
+    from s4fs.codec import compress, decompress, resolve_device
+    from s4fs.codec import lookup
 
     try:
-        device = _device.pipeline(device)
+        device = resolve_device(device)
     except S4Error as exc:
         print(f"selftest: {exc}", file=out)
         return 2
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="s4fs selftest",
         description="bit-exact compress/restore of every adversarial data set; "
                     "exits 1 unless all pass, 2 when the device is unavailable")
-    from s4fs.codec._device import DEVICES
+    from s4fs.codec import DEVICES
     parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--random-size", type=int, default=1_000_000,
                         help="elements in the random data sets (default 1000000)")

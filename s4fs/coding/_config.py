@@ -14,7 +14,7 @@ class IngestConfig:
     workers: int = max(2, os.cpu_count() or 2)
     max_pending_chunks: int = 0        # chunks being coded at once; 0: twice the workers
     max_uploads: int = 4
-    # "cpu", "cuda" or "auto" (the GPU when one is usable: s4fs.codec._device.pipeline).
+    # "cpu", "cuda" or "auto" (the GPU when one is usable: s4fs.codec.resolve_device).
     # On the GPU, chunks are coded in batches of about gpu_batch_bytes by one worker on
     # the process's GPU thread (s4fs.coding: GpuBatches, the GPU worker process); the
     # API keeps the CPU unless asked.

@@ -6,7 +6,7 @@ decode-ahead batch decoded on the GPU and written at its file offsets.
 Used by the GPU worker process (``_gpu_pool``), by the in-process GPU batches of the
 API's sessions (``_threads``) and by the device save (``s4fs.torch.save``, through
 :func:`code_on_device`). Everything that touches the device runs on the process's GPU
-thread (``s4fs.codec._device.on_gpu_thread``).
+thread (``s4fs.codec.on_gpu_thread``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from s4fs import codec
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._rule import chunk_result, delta_is_tiny, keep_delta
 from s4fs.coding._worker import pwrite_all
-from s4fs.codec import _container, _device
+from s4fs.codec import on_gpu_thread, read_header
 
 # The one warning of this module (a batch coded on the CPU instead) keeps the logger name
 # it has always had: operators and tests/core/test_gpu_pool.py match "s4fs.ingest" in it.
@@ -33,7 +33,7 @@ def code_items(items: list, prep: list, cfg: IngestConfig) -> list:
     computed on the device from the bytes that were coded. A batch the GPU cannot code
     is coded on the CPU instead, with a warning."""
     try:
-        return _device.on_gpu_thread(_gpu_results, items, prep, cfg)
+        return on_gpu_thread(_gpu_results, items, prep, cfg)
     except Exception as exc:       # noqa: BLE001 - the CPU codes the batch instead
         log.warning(
             "the GPU could not code a batch of %d chunks (%s: %s); coding it on the CPU",
@@ -90,7 +90,7 @@ def code_on_device(batch: list, prep: list, profile, cfg: IngestConfig, same=Non
 
 def _sum_of(blob) -> int:
     """The chunk's XXH3-64 as the blob's header holds it (computed on the device)."""
-    return _container.unpack(blob, whole=False).checksum
+    return read_header(blob, whole=False).checksum
 
 
 def decode_into(source, job) -> int:

@@ -2,7 +2,7 @@
 
 A mount's daemon moves bytes; it does not code them (the CPU workers: ``_cpu_pool``).
 When the mount codes on the GPU (``--device cuda``, or ``auto`` where
-``s4fs.codec._device.pipeline`` picks it), the same batches the CPU worker processes
+``s4fs.codec.resolve_device`` picks it), the same batches the CPU worker processes
 take — a file's chunks named by their byte ranges in its spool, a cold file's chunks to
 decode ahead into the decoded cache — go to one worker process that owns the GPU
 instead. There:
@@ -107,21 +107,21 @@ def decode_blob(blob: bytes, base: bytes | None) -> bytes:
     """One chunk the daemon reads itself (a small file, a read outside a decode
     ahead): decoded on the GPU thread, checked against its checksum."""
     from s4fs import codec
-    from s4fs.codec import _device
-    return _device.on_gpu_thread(codec.decompress, blob, base=base, device="auto")
+    from s4fs.codec import on_gpu_thread
+    return on_gpu_thread(codec.decompress, blob, base=base, device="auto")
 
 
 def warm_up() -> int:
     """Load CuPy and nvCOMP, code and decode one small batch, so that the first save or
     cold load does not wait for them; the worker's pid."""
-    from s4fs.codec import _device, gpu
+    from s4fs.codec import gpu, on_gpu_thread
     gpu.require()
     sample = bytes(range(256)) * 4096
 
     def round_trip():
         blobs = gpu.compress_many([(sample, "bfloat16")], out="bytes")
         gpu.decompress_many(blobs, out="host")
-    _device.on_gpu_thread(round_trip)
+    on_gpu_thread(round_trip)
     return os.getpid()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from s4fs.codec import _device
+from s4fs.codec import resolve_device
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._pool import CodingPool
 
@@ -67,7 +67,7 @@ class Pools:
         """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
         the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
         pipeline on the GPU."""
-        if _device.pipeline(cfg.device) == "cuda":
+        if resolve_device(cfg.device) == "cuda":
             return self.gpu(cfg.nice)
         return self.cpu(cfg.workers, cfg.nice)
 

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import xxhash
 
 from s4fs import keys
-from s4fs.codec import _device
+from s4fs.codec import resolve_device
 from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_pack
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._jobs import Item, Job
@@ -67,7 +67,7 @@ class SpoolCoding:
                  raw: Stream, bases: BaseFile, label: str = "") -> None:
         self.store, self.cfg, self.label = store, cfg, label
         self.pool = pools.for_ingest(cfg)
-        self.batch_bytes = (cfg.gpu_batch_bytes if _device.pipeline(cfg.device) == "cuda"
+        self.batch_bytes = (cfg.gpu_batch_bytes if resolve_device(cfg.device) == "cuda"
                             else cfg.batch_bytes)
         self.store_spec = pickle.dumps(store)
         self.spool = spool_path

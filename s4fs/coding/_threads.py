@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from s4fs import codec
-from s4fs.codec import _device
+from s4fs.codec import resolve_device
 from s4fs.coding._bases import base_bytes
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._device_batch import code_items, decode_into
@@ -58,7 +58,7 @@ class ThreadPool(CodingPool):
                  pools) -> None:
         self.cfg, self.source, self.base_path = cfg, source, base_path
         self.pools = pools
-        self.gpu = _device.pipeline(cfg.device) == "cuda"
+        self.gpu = resolve_device(cfg.device) == "cuda"
 
     @property
     def max_in_flight(self) -> int:

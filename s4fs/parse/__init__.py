@@ -44,13 +44,13 @@ from s4fs.torch.layout import LOCAL
 
 from ._complete import looks_complete
 from ._machine import Machine, ParserLimits
-from ._pickle_scan import PickleScan, StorageInfo, scan_pickle
+from ._pickle_scan import PickleScan, StorageInfo, itemsize, scan_pickle
 from ._safetensors import SafetensorsMachine, looks_like
 from ._torchzip import TorchZipMachine
 from ._window import RAW, Piece, Segment, Window
 
 __all__ = ["Segment", "StreamParser", "ParserLimits", "new_parser", "scan_pickle",
-           "PickleScan", "StorageInfo", "looks_complete"]
+           "PickleScan", "StorageInfo", "itemsize", "looks_complete"]
 
 
 class StreamParser:

@@ -31,7 +31,7 @@ import threading
 import time
 import xxhash
 
-from s4fs.codec import _device
+from s4fs.codec import resolve_device
 from s4fs.coding import DecodeJob, IngestConfig, Pools, ThreadPool
 from s4fs.manifest import Manifest
 
@@ -233,7 +233,7 @@ class Fills:
         (None when the copy is already whole), ``fd`` to read it — or None (then the
         reader decodes in this process)."""
         ingest = self.ingest
-        where = _device.pipeline(ingest.device)
+        where = resolve_device(ingest.device)
         if self.decoded is None or (where == "cpu" and not ingest.processes) or \
                 m.size < MIN_SIZE or m.size > self.decoded.max_bytes:
             return None

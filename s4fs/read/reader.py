@@ -21,7 +21,7 @@ import time
 import xxhash
 
 from s4fs import codec, metrics
-from s4fs.codec import _container, _device
+from s4fs.codec import has_gpu_planes, read_header
 from s4fs.errors import ChecksumError, MissingData, NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
@@ -83,8 +83,8 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
     blobs in a pack, and go up to the device in one copy. ``to_host``: batches of chunks
     asked for that no other chunk needs as its base come back as host memoryviews (one
     copy into pinned memory per batch, not one per chunk)."""
-    from s4fs.codec import _device, gpu
-    run = _device.on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
+    from s4fs.codec import gpu, on_gpu_thread
+    run = on_gpu_thread if gpu_thread else (lambda fn, *a, **k: fn(*a, **k))
     # the reads ahead run on a thread of their own, which starts on device 0: they name
     # the caller's device (a rank's own GPU), where the blobs must land
     device = None if gpu_thread else gpu.current_device()
@@ -302,7 +302,7 @@ class ChunkSource:
     def check_blob(self, ref: ChunkRef, blob):
         """``blob`` if its header is the one the manifest expects of ``ref``."""
         try:
-            head = _container.unpack(blob)
+            head = read_header(blob)
         except S4Error as exc:
             raise ChecksumError(
                 f"chunk at {ref.pack}@{ref.offset} is corrupt ({exc}); the file cannot be "
@@ -318,7 +318,7 @@ class ChunkSource:
         base = self.get(ref.base) if ref.base is not None else None
         with _corrupt(f"chunk at {ref.pack}@{ref.offset}"):
             if self.offload is not None and \
-                    _device.has_gpu_planes(_container.unpack(blob, whole=False)):
+                    has_gpu_planes(read_header(blob, whole=False)):
                 data = self.offload(blob, base)
                 if len(data) != ref.raw:
                     raise ChecksumError(f"chunk at {ref.pack}@{ref.offset} decoded to "

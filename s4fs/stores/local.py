@@ -38,7 +38,7 @@ from typing import Iterator
 
 from s4fs.errors import NotFound, PermissionDenied, S4Error, StoreError
 
-from s4fs._atomic import replace_from_temp
+from s4fs.atomic import replace_from_temp
 
 from .base import (
     NAME_MAX,

@@ -28,9 +28,9 @@ def _cuda_target(map_location):
 
 
 def wants_device_load(map_location) -> bool:
-    from s4fs.codec import _device
+    from s4fs.codec import gpu_available
     try:
-        return _cuda_target(map_location) is not None and _device.gpu_available()
+        return _cuda_target(map_location) is not None and gpu_available()
     except Exception:                      # noqa: BLE001 - no torch CUDA: the stream path
         return False
 

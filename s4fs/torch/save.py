@@ -235,7 +235,7 @@ class _DeviceSave:
         from s4fs.codec import gpu
         from s4fs.write import PackWriter
         from s4fs.manifest import Manifest, Stream
-        from s4fs.parse._pickle_scan import itemsize, scan_pickle
+        from s4fs.parse import itemsize, scan_pickle
         gpu.require()
         lay, st = self.job.lay, self.job.stages
         devs = {s.device for s in lay.storages if s.device.type == "cuda"}

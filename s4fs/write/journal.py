@@ -25,7 +25,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from s4fs._atomic import replace_from_temp
+from s4fs.atomic import replace_from_temp
 
 log = logging.getLogger(__name__)
 

@@ -192,15 +192,9 @@ def test_only_the_filesystem_api_torch_mount_and_cli_import_the_runtime():
 
 ROOMS = ("s4fs.write", "s4fs.read", "s4fs.coding", "s4fs.codec", "s4fs.mount", "s4fs.parse",
          "s4fs.stores", "s4fs.service", "s4fs.testing", "s4fs.torch")
-# private to the package, not to a room: the codec's device decision and blob header,
-# which the read room (like the namespace and coding) still reaches for under their
-# private names, the codec having no public spelling of them yet; and the atomic file
-# replace that the journal shares with the local store
-SHARED = {"s4fs.codec._device", "s4fs.codec._container", "s4fs._atomic"}
-
-
 def _room(module: str) -> str:
-    return next((r for r in ROOMS if _in(r, module)), module)
+    """The room a module (or name) is in; modules in none are the core, room "s4fs"."""
+    return next((r for r in ROOMS if _in(r, module)), "s4fs")
 
 
 def _private_imports() -> list[tuple[str, str]]:
@@ -216,21 +210,13 @@ def _private_imports() -> list[tuple[str, str]]:
                 continue
             for a in node.names:
                 target = f"{node.module}.{a.name}"
-                if any(p.startswith("_") and p != "__future__"
+                if any(p.startswith("_") and not p.endswith("__")
                        for p in target.split(".")[1:]):
                     out.append((name, target))
     return out
 
 
-def test_no_private_name_crosses_into_or_out_of_the_write_read_and_coding_rooms():
-    bad = []
-    for m, target in _private_imports():
-        mine, theirs = _room(m), _room(target)
-        if mine == theirs:
-            continue
-        if theirs in ("s4fs.write", "s4fs.read", "s4fs.coding"):
-            bad.append(f"{m} imports {target}")
-        elif mine in ("s4fs.write", "s4fs.read") and \
-                not any(_in(c, target) for c in SHARED):
-            bad.append(f"{m} imports {target}")
+def test_no_private_name_crosses_a_room():
+    bad = [f"{m} imports {target}" for m, target in _private_imports()
+           if _room(m) != _room(target)]
     assert not bad, "private names used across rooms: " + "; ".join(sorted(bad))
