@@ -22,7 +22,8 @@
 #           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT  (560 s)
 #   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
 #           local disk, through one --device cuda mount and with s4fs.dcp's
-#           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB  (560 s)
+#           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB,
+#           MULTI_ARGS (e.g. "--every 30 --checkpoints 2 --modes local,mount") (560 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -108,8 +109,9 @@ for suite in "$@"; do
         ;;
     multi-gpu)
         nvidia-smi topo -m >>"$LOG" 2>&1
-        run 560 python3 "$B/multi_gpu.py" --gib "${MULTI_GIB:-2}" --every 50 --checkpoints 3 \
-            --work /tmp --timeout "${MULTI_TIMEOUT:-240}"
+        # shellcheck disable=SC2086   # MULTI_ARGS: more options, split on purpose
+        run 560 python3 "$B/multi_gpu.py" --gib "${MULTI_GIB:-2}" --work /tmp \
+            --timeout "${MULTI_TIMEOUT:-240}" ${MULTI_ARGS:---every 50 --checkpoints 3}
         ;;
     esac
 done
