@@ -77,6 +77,14 @@ def gpt(vocab=256, width=512, layers=6, heads=8, ctx=256):
     return GPT()
 
 
+def gpt_of_state(gib: float, ctx: int = 256):
+    """The GPT whose fp32 weights and two fp32 AdamW moments (12 bytes a parameter,
+    ~12 w^2 parameters a layer) come to about ``gib`` GiB."""
+    width = 1024 if gib >= 0.5 else 256
+    layers = max(1, round(gib * (1 << 30) / 12 / (12 * width * width)))
+    return gpt(ctx=ctx, width=width, layers=layers)
+
+
 def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=512,
           layers=6):
     """Yields (step, checkpoint bytes) every ``every`` steps."""

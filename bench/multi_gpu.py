@@ -61,11 +61,9 @@ def _model(gib: float, device: str):
     """The GPT of bench/train_loop.py at ``gib`` of state, sharded with FSDP2."""
     import torch
     from torch.distributed.fsdp import fully_shard
-    from delta_gpu import gpt
-    width = 1024 if gib >= 0.5 else 256
-    layers = max(1, round(gib * (1 << 30) / 12 / (12 * width * width)))
+    from delta_gpu import gpt_of_state
     torch.manual_seed(0)
-    model = gpt(ctx=256, width=width, layers=layers).to(device)
+    model = gpt_of_state(gib).to(device)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)

@@ -60,15 +60,12 @@ class Trainer:
 
     def __init__(self, gib: float, device: str) -> None:
         import torch
-        from delta_gpu import corpus, gpt
-        width = 1024 if gib >= 0.5 else 256
-        # fp32 weights + two fp32 moments: 12 bytes a parameter, ~12 w^2 per layer
-        layers = max(1, round(gib * (1 << 30) / 12 / (12 * width * width)))
+        from delta_gpu import corpus, gpt_of_state
         torch.manual_seed(0)
         self.device = device
         self.ctx, self.batch = 256, 16 if device == "cuda" else 4
         self.data = torch.tensor(list(corpus()), dtype=torch.long, device=device)
-        self.model = gpt(ctx=self.ctx, width=width, layers=layers).to(device)
+        self.model = gpt_of_state(gib, ctx=self.ctx).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
         self.g = torch.Generator(device="cpu").manual_seed(0)
 
