@@ -16,6 +16,7 @@ work; it is never held while calling into a handle or the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -478,8 +479,18 @@ class Filesystem:
             # the file being replaced may still be open (or closing): as on a local
             # disk, what is written to it later goes nowhere
             displaced.orphan()
-        if w is not None and not w.moved(new):
-            self._drop_writer(new, w)
+        if w is None:
+            self._move_manifest(old, new, None)
+            return
+        with w.moving(new) as live:      # no commit of w lands meanwhile
+            if not live:
+                self._drop_writer(new, w)
+            self._move_manifest(old, new, w)
+
+    def _move_manifest(self, old: str, new: str, w: WriteHandle | None) -> None:
+        """The store's side of a file rename: ``old``'s committed manifest becomes
+        ``new``'s; with none (a file still being written by ``w``), ``new`` shows no
+        committed version until ``w`` commits."""
         m = self.manifest_or_none(old, fresh=True)
         if m is not None:
             self.commit(new, m)
@@ -492,18 +503,6 @@ class Filesystem:
         self._remember(old, None)
 
     def _rename_dir(self, old: str, new: str) -> None:
-        self._ensure_parents(new + "/x")
-        try:       # the folder keeps its times (its marker, as it is)
-            marker = self.store.get(keys.dir_key(old))
-        except NotFound:
-            marker = sealed.dir_marker()      # it had none: the store's time shows
-        self.store.put(keys.dir_key(new), marker)
-        self._known_dirs.add(new)
-        for prefix in (keys.FILES, keys.DIRS):
-            for obj in list(self.store.list(prefix + old + "/")):
-                rest = obj.key[len(prefix) + len(old):]
-                self.store.put(prefix + new + rest, self.store.get(obj.key))
-                self.store.delete(obj.key)
         moved = []
         with self._lock:
             for p in list(self._writers):
@@ -516,9 +515,27 @@ class Filesystem:
                 node.path = new + p[len(old):]
                 self._nodes[node.path] = node
             self._manifests.clear()
-        for w, p in moved:
-            if not w.moved(p):
-                self._drop_writer(p, w)
+        with contextlib.ExitStack() as held:      # no commit under the folder meanwhile
+            for w, p in moved:
+                if not held.enter_context(w.moving(p)):
+                    self._drop_writer(p, w)
+            self._move_folder_objects(old, new)
+        with self._lock:
+            self._manifests.clear()
+
+    def _move_folder_objects(self, old: str, new: str) -> None:
+        self._ensure_parents(new + "/x")
+        try:       # the folder keeps its times (its marker, as it is)
+            marker = self.store.get(keys.dir_key(old))
+        except NotFound:
+            marker = sealed.dir_marker()      # it had none: the store's time shows
+        self.store.put(keys.dir_key(new), marker)
+        self._known_dirs.add(new)
+        for prefix in (keys.FILES, keys.DIRS):
+            for obj in list(self.store.list(prefix + old + "/")):
+                rest = obj.key[len(prefix) + len(old):]
+                self.store.put(prefix + new + rest, self.store.get(obj.key))
+                self.store.delete(obj.key)
         self.store.delete(keys.dir_key(old))
         self._known_dirs = {d for d in self._known_dirs if d != old and not d.startswith(old + "/")}
 

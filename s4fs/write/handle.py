@@ -44,6 +44,7 @@ lock.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -647,13 +648,18 @@ class WriteHandle:
                 self.fs.journal.drop(self.spool.name)
                 self.accepted_at = 0.0
 
-    def moved(self, path: str) -> bool:
-        """The path was renamed while open (or pending); False if the handle has closed
-        meanwhile (the caller drops it)."""
+    @contextlib.contextmanager
+    def moving(self, path: str):
+        """The path is renamed while this handle is open (or its commit pending): yields
+        True with the handle now at ``path`` and held, so that no commit lands while the
+        rename moves the manifests in the store (a commit under the new name before the
+        rename removes the replaced file's manifest would be removed with it); False if
+        the handle has closed meanwhile (the caller drops it)."""
         with self._cond:
             self._wait_commit()
             if self.state in (State.CLOSED, State.FAILED):
-                return False
+                yield False
+                return
             self.path = path
             self.spool.label = path
             if self.accepted_at:
@@ -661,7 +667,7 @@ class WriteHandle:
                 self.fs.journal.record(Entry(path, self.spool.name, self.mode, self.mtime,
                                              self.spool.size, self.accepted_at,
                                              self.mtime_ns, self.atime_ns))
-            return True
+            yield True
 
     def detach(self) -> None:
         """The mount is going away: stop, but keep an accepted file's spool and journal

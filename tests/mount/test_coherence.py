@@ -79,6 +79,20 @@ def is_switch(got: bytes, off: int, versions) -> bool:
     return False
 
 
+def is_torn(got: bytes, off: int, versions) -> bool:
+    """``got`` is one version up to some byte and another one (in either order) after it:
+    what a single read may return on a local disk when it races a writer that truncates
+    the file and writes it anew (the read takes pages before the truncate and copies them
+    after the writer has grown the file again, or the other way round)."""
+    head = max((first_difference(got, v[off:off + len(got)]) for v in versions), default=0)
+    for w in versions:
+        want = w[off:off + len(got)]
+        if len(want) == len(got) and \
+                len(got) - first_difference(got[::-1], want[::-1]) <= head:
+            return True
+    return False
+
+
 def first_difference(a: bytes, b: bytes) -> int:
     n = min(len(a), len(b))
     step = 1 << 16
@@ -337,6 +351,20 @@ ORACLE_OPS = 24
 ORACLE_SEEDS = (1, 2, 3)
 
 
+def test_the_oracle_takes_a_torn_read_only_when_every_byte_is_of_a_version():
+    """The oracle's one allowance (is_torn): a version's bytes up to some point and
+    another version's after it, at the same offsets — nothing else."""
+    old, new = random_bytes("old", 300_000), random_bytes("new", 120_000)
+    assert is_torn(new[:50_000] + old[50_000:200_000], 0, [old, new])
+    assert is_torn(old[:10] + new[10:100_000], 0, [old, new])
+    assert is_torn(new[1000:5000] + old[5000:9000], 1000, [old, new])
+    assert not is_torn(new[:50_000] + old[50_001:200_001], 0, [old, new])  # shifted
+    assert not is_torn(new[:50_000] + bytes(10) + old[50_010:60_000], 0, [old, new])
+    assert not is_torn(new[:50_000] + old[50_000:60_000] + new[60_000:70_000], 0,
+                       [old, new])                                       # three pieces
+    assert not is_torn(random_bytes("other", 1000), 0, [old, new])
+
+
 def oracle_plan(seed: int) -> list[dict]:
     """The writer's ops for one seed: kind, path, new bytes (from the seed), chunking."""
     rng = random.Random(seed)
@@ -404,7 +432,10 @@ def oracle_reader(roots: dict, versions_dir: str, seed: int, who: int, op_index,
     known: dict[str, list[bytes]] = {n: [] for n in ORACLE_NAMES}
     lock = threading.Lock()
     failures: list[str] = []
-    counts = {"reads": 0, "bad": 0}
+    counts = {"reads": 0, "bad": 0, "torn": {t: 0 for t in roots}}
+    # the ops that truncate a file in place, then write it anew (or only truncate it)
+    rewrites = {i: op["name"] for i, op in enumerate(oracle_plan(seed))
+                if op["kind"] in ("overwrite", "truncate")}
 
     def versions(name: str, reload: bool) -> list[bytes]:
         with lock:
@@ -420,6 +451,12 @@ def oracle_reader(roots: dict, versions_dir: str, seed: int, who: int, op_index,
         counts["reads"] += 1
         if is_slice(got, off, versions(name, False)) or \
                 is_slice(got, off, versions(name, True)):
+            return
+        raced = any(rewrites.get(i) == name for i in range(op_before, op_index.value + 1))
+        if raced and is_torn(got, off, versions(name, True)):
+            # a local disk does this too (seen on the local tree): the bytes are all of
+            # versions of this file, torn where the read met the writer's truncate
+            counts["torn"][tree] += 1
             return
         counts["bad"] += 1
         if len(failures) < 8:
@@ -631,6 +668,8 @@ def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
         with open(outs[k]) as f:
             seen = json.load(f)
         assert seen["reads"] > 100, f"reader {k} hardly read ({seen['reads']} reads)"
+        print(f"seed {seed} reader {k}: {seen['reads']} reads; torn where they met a "
+              f"truncate: {seen['torn']}")
         if seen["hung"]:
             problems.append(f"seed {seed}: reader {k} had {seen['hung']} threads hung in "
                             f"a read")

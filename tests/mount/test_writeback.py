@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -270,3 +271,90 @@ def test_a_change_to_an_accepted_file_before_its_commit_is_committed(tmp_path, c
             assert a.mode & 0o7777 == 0o600
     finally:
         fs.close()
+
+
+class CommitLandsInTheRename(PutsRefused):
+    """A store that, at one step of a rename (``op`` on ``key``), first brings the store
+    back and gives the committer the chance to commit the accepted file (up to ``hold``
+    seconds for its manifest to land as ``lands``)."""
+    hold = 2.0
+
+    def __init__(self, root, op, key, lands):
+        super().__init__(root)
+        self.op, self.key, self.lands = op, key, keys.file_key(lands)
+        self.fs = None
+        self.landed = threading.Event()
+
+    def _step(self, op, key):
+        if op == self.op and key == self.key and self.fs is not None and self.down:
+            self.down = False
+            self.landed.clear()
+            threading.Thread(target=self.fs.sync, kwargs={"timeout": 30},
+                             daemon=True).start()
+            self.landed.wait(self.hold)
+
+    def put(self, key, data, *args, **kw):
+        return self.put_parts(key, [data], *args, **kw)
+
+    def put_parts(self, key, parts, *args, **kw):
+        if key.startswith(keys.DIRS):      # the outage is of the file's objects only
+            return LocalStore.put_parts(self, key, parts, *args, **kw)
+        out = super().put_parts(key, parts, *args, **kw)
+        if key == self.lands:
+            self.landed.set()
+        return out
+
+    def delete(self, key):
+        self._step("delete", key)
+        return super().delete(key)
+
+    def list(self, prefix=""):
+        out = list(super().list(prefix))
+        self._step("list", prefix)
+        return out
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_rename_while_the_commit_of_an_accepted_file_lands_keeps_the_file(tmp_path, what):
+    """--writeback: a file is accepted (its commit still pending), then renamed (the
+    safetensors temp file + rename over + chmod; or its folder), and the commit lands
+    in the middle of the rename. The file must be at its new name, whole. (It once
+    vanished: the chmod after the rename saw ENOENT and the checkpoint was gone.)"""
+    if what == "file":
+        src, dst = ".tmp-b.bin", "b.bin"
+        store = CommitLandsInTheRename(str(tmp_path / "store"), "delete",
+                                       keys.file_key(dst), dst)
+    else:
+        src, dst = "d/b.bin", "e/b.bin"
+        store = CommitLandsInTheRename(str(tmp_path / "store"), "list",
+                                       keys.FILES + "d/", src)
+    cfg = FsConfig(writeback=True, metadata_ttl=0.0, decoded_cache_bytes=0,
+                   cache_dir=str(tmp_path / "cache"))
+    fs = Filesystem(store, cfg)
+    store.fs = fs
+    try:
+        old, new = os.urandom(150_000), os.urandom(200_000)
+        if what == "folder":
+            fs.mkdir("d")
+        h = fs.open_write("b.bin")
+        h.write(0, old)
+        h.release()
+        assert fs.sync(timeout=60) == []
+        store.down = True
+        h = fs.open_write(src)
+        h.write(0, new)
+        h.release()                                # accepted; its commit waits
+        if what == "folder":
+            fs.rename("d", "e")
+        else:
+            fs.rename(src, dst)
+        fs.set_attrs(dst, mode=0o600)              # once ENOENT
+        assert fs.sync(timeout=60) == []
+        r = fs.open_read(dst)
+        assert r.read(0, r.size) == new
+        assert fs.stat(dst).mode & 0o7777 == 0o600
+        assert not fs.exists(src)
+    finally:
+        fs.close()
+    assert committed(str(tmp_path / "store"), dst) == new
+    assert committed(str(tmp_path / "store"), src) is None
