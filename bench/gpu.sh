@@ -19,7 +19,8 @@
 #           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
 #           default and --writeback on cpu and cuda, and the floor of a pyfuse3
 #           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some;
-#           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT  (560 s)
+#           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT;
+#           TRAIN_GIB, TRAIN_EVERY, TRAIN_CKPTS: state size, steps, checkpoints (560 s)
 #   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
 #           local disk, through one --device cuda mount and with s4fs.dcp's
 #           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB,
@@ -104,7 +105,8 @@ for suite in "$@"; do
         run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
         ;;
     train-loop)
-        run 560 python3 "$B/train_loop.py" --gib 1.7 --every 200 --checkpoints 4 --work /tmp \
+        run 560 python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
+            --checkpoints "${TRAIN_CKPTS:-4}" --work /tmp \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
         ;;
     multi-gpu)

@@ -246,6 +246,9 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
             os.makedirs(profile, exist_ok=True)
             shutil.copy(os.path.join(mode.work, "cache", "s4fs-mount.log"),
                         os.path.join(profile, f"{name}.daemon.log"))
+        # the next mode starts on a disk as empty as this one did (a large state's
+        # checkpoints, kept for every mode, would fill it)
+        shutil.rmtree(mode.work, ignore_errors=True)
     return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
             "first": blocked[0] if blocked and name != "none" else 0.0,
             "wall": wall, "drain": drain, "stored": stored}
