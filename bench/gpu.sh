@@ -6,7 +6,7 @@
 #                                             train-loop multi-gpu
 #
 #   tests   the GPU tests, then the FUSE trust, writeback and coherence tests
-#           (TESTS_MOUNT=0: the GPU tests alone)                            (600 s)
+#           (TESTS_MOUNT=0: the GPU tests alone; TESTS_GPU=0: the FUSE ones)  (600 s)
 #   codec   the GPU codec vs nvCOMP alone and the CPU path, bf16/fp32/AdamW,
 #           4 MiB chunks across tensors, then cut per tensor              (240 s)
 #   save    s4fs.save / async_save / load of GPU-resident state vs torch.save
@@ -73,6 +73,7 @@ for suite in "$@"; do
     echo "### suite $suite" >>"$LOG"
     case $suite in
     tests)
+        [ "${TESTS_GPU:-1}" = 0 ] ||
         run 300 "${T[@]}" "$R/tests/gpu/test_gpu_codec.py" "$R/tests/gpu/test_gpu_save.py" \
             "$R/tests/core/test_gpu_pool.py" "$R/tests/codec/test_container_batch.py"
         [ "${TESTS_MOUNT:-1}" = 0 ] ||
