@@ -23,6 +23,14 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   cost, measured in the same run as the mount's modes; ``fuse-floor-kc``,
   ``fuse-floor-kc+sync``: the same with the kernel's FUSE writeback cache on (writes land
   in the page cache and reach the daemon in the background, before ``close()`` returns).
+* ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
+  (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
+  whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
+  daemon with the kernel's FUSE passthrough (Linux >= 6.9; writes go from the kernel
+  straight into the backing file): the floor of a mount that hands its spool to the
+  kernel. ``+sync`` here: ``os.sync()`` after the save, as ``local+sync``. The binary:
+  ``$S4FS_PASSTHROUGH_HP`` (``bash bench/build_fuse_c_floor.sh DEST`` builds it); the
+  modes are left out without it.
 
 An async mode waits for its previous save before the next one (counted as blocked), as
 a training script must. Background work left at the end (an async save, a writeback
@@ -51,7 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import du, machine, s4fs_cli, table  # noqa: E402
 
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
-         "fuse-floor-kc", "dcp-async",
+         "fuse-floor-kc", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
+         "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
 
 
@@ -120,6 +129,19 @@ class Mode:
                 if self.floor.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the FUSE floor mount did not come up")
                 time.sleep(0.05)
+        elif name.startswith("fuse-c") or name.startswith("fuse-passthrough"):
+            os.makedirs(self.store)
+            self.mountpoint = os.path.join(self.work, "mnt")
+            os.makedirs(self.mountpoint)
+            self.floor = subprocess.Popen(
+                [os.environ["S4FS_PASSTHROUGH_HP"], "--foreground", self.store,
+                 self.mountpoint] + ([] if "passthrough" in name else ["--nopassthrough"]),
+                stdout=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while not os.path.ismount(self.mountpoint):
+                if self.floor.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {name} mount did not come up")
+                time.sleep(0.05)
         elif name.startswith("mount"):
             os.makedirs(self.store)
             self.mountpoint = os.path.join(self.work, "mnt")
@@ -146,6 +168,10 @@ class Mode:
         if self.name in ("local", "local+sync"):
             torch.save(state, os.path.join(self.work, name))
             if self.name == "local+sync":
+                os.sync()
+        elif self.name.startswith(("fuse-c", "fuse-passthrough")):
+            torch.save(state, os.path.join(self.mountpoint, name))
+            if self.name.endswith("+sync"):
                 os.sync()
         elif self.name == "dcp-async":
             import torch.distributed.checkpoint as dcp
@@ -183,6 +209,7 @@ class Mode:
                 self.floor.wait(60)
             except subprocess.TimeoutExpired:
                 self.floor.kill()
+            if os.path.ismount(self.mountpoint):
                 subprocess.run(["umount", "-l", self.mountpoint], check=False)
         elif self.mountpoint:
             s4fs_cli("umount", self.mountpoint, timeout=300)
@@ -246,9 +273,6 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
             os.makedirs(profile, exist_ok=True)
             shutil.copy(os.path.join(mode.work, "cache", "s4fs-mount.log"),
                         os.path.join(profile, f"{name}.daemon.log"))
-        # the next mode starts on a disk as empty as this one did (a large state's
-        # checkpoints, kept for every mode, would fill it)
-        shutil.rmtree(mode.work, ignore_errors=True)
     return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
             "first": blocked[0] if blocked and name != "none" else 0.0,
             "wall": wall, "drain": drain, "stored": stored}
@@ -272,6 +296,12 @@ def main(argv=None) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         ap.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    if not os.environ.get("S4FS_PASSTHROUGH_HP"):
+        skipped = [m for m in modes if m.startswith(("fuse-c", "fuse-passthrough"))]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            print(f"# no S4FS_PASSTHROUGH_HP (bench/build_fuse_c_floor.sh): "
+                  f"{', '.join(skipped)} left out")
     if device != "cuda":
         skipped = [m for m in modes if m.endswith("-cuda")]
         modes = [m for m in modes if m not in skipped]
