@@ -34,10 +34,14 @@ def _fuse_errors(fn):
             if exc.errno == errno.EIO:
                 log.error("%s: %s", fn.__name__, exc)
                 metrics.observe_error(type(exc).__name__)
+            elif fn.__name__ == "read":         # an mmap reader dies of it (SIGBUS)
+                log.warning("read: %s (errno %d)", exc, exc.errno)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
             if exc.errno is None or exc.errno == errno.EBADF:   # EBADF: always our bug
                 log.exception("%s failed", fn.__name__)
+            elif fn.__name__ == "read":
+                log.warning("read failed: %r", exc)
             metrics.observe_error(type(exc).__name__)
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         except Exception as exc:
@@ -461,9 +465,9 @@ class S4Operations(pyfuse3.Operations):
             except (OSError, pyfuse3.FUSEError) as exc:   # gone from the kernel already
                 log.debug("invalidating inode %d: %s", inode, exc)
         t = threading.Thread(target=drop, daemon=True, name="s4fs-invalidate")
-        with self._lock:
+        with self._lock:      # started before _settle can see it (it joins what it sees)
+            t.start()
             self._dropping.add(t)
-        t.start()
 
     async def _settle(self) -> None:
         """Wait for the kernel to have dropped what the core asked so far (before a

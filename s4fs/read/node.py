@@ -90,6 +90,9 @@ class NodeReader:
                 if self.node.gen != self._gen:
                     view, gen = self._view_of(self.node)
                     if view is not None:
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("%s: a reader moves from %s to %s", self.node.path,
+                                      _describe(self._view), _describe(view))
                         # other threads may be inside the old view: release it at the end
                         self._old.append(self._view)
                         self._view = view
@@ -120,3 +123,12 @@ class NodeReader:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self._current(), name)
+
+
+def _describe(view) -> str:
+    """A view, for the debug log: what it reads and its size now."""
+    try:
+        size = view.size
+    except Exception as exc:           # noqa: BLE001 - a log line must not fail a read
+        size = f"? ({exc!r})"
+    return f"{getattr(view, 'version', None) or 'the spool'} ({size} bytes)"

@@ -276,11 +276,13 @@ class LocalStore(Store):
     def _write(self, path: str, parts: list, header: bytes = b"") -> None:
         folder = os.path.dirname(path)
         for attempt in range(5):
-            os.makedirs(folder, exist_ok=True)
             try:
+                os.makedirs(folder, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=".part")
                 break
-            except FileNotFoundError:     # a delete pruned the folder we just made
+            except (FileNotFoundError, FileExistsError):
+                # a delete pruned the folder meanwhile (makedirs saw it exist, then
+                # found no folder there: FileExistsError); make it again
                 if attempt == 4:
                     raise
         replace_from_temp(fd, tmp, path, header, *parts)
