@@ -300,23 +300,31 @@ def test_invalid_keys_refused(store):
 
 # --- threads -------------------------------------------------------------------------
 
-def test_concurrent_puts(store):
-    """The ingest pipeline puts chunks from a thread pool into one store."""
+def in_threads(fn, n: int) -> list[BaseException]:
+    """Run ``fn(0)`` .. ``fn(n - 1)`` at once, one thread each; the errors they raised."""
     errors = []
 
-    def writer(t):
+    def run(t):
         try:
-            for i in range(6):
-                store.put(f"chunks/{t:02d}/{i}", bytes([t]) * (1000 * t + i))
-        except Exception as exc:                      # pragma: no cover - reported below
+            fn(t)
+        except Exception as exc:                      # pragma: no cover - reported
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert not errors
+    return errors
+
+
+def test_concurrent_puts(store):
+    """The ingest pipeline puts chunks from a thread pool into one store."""
+    def writer(t):
+        for i in range(6):
+            store.put(f"chunks/{t:02d}/{i}", bytes([t]) * (1000 * t + i))
+
+    assert not in_threads(writer, 8)
     listed = list(store.list("chunks/"))
     assert len(listed) == 48
     for o in listed:
@@ -329,21 +337,12 @@ def test_puts_and_deletes_racing_in_one_folder(store):
     """Pins: readers' pins are put and deleted under ``pins/`` from many threads, and a
     delete that leaves a folder empty removes it. A put racing that must still land
     (it once failed with "File exists: .../pins" on a local store)."""
-    errors = []
-
     def churn(t):
-        try:
-            for i in range(400):
-                store.put(f"pins/{t}-{i}", b"x")
-                store.delete(f"pins/{t}-{i}")
-        except Exception as exc:                      # pragma: no cover - reported below
-            errors.append(exc)
+        for i in range(400):
+            store.put(f"pins/{t}-{i}", b"x")
+            store.delete(f"pins/{t}-{i}")
 
-    threads = [threading.Thread(target=churn, args=(t,)) for t in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    errors = in_threads(churn, 3)
     assert not errors, errors[:3]
     assert list(store.list("pins/")) == []
 
