@@ -90,9 +90,12 @@ class NodeReader:
                 if self.node.gen != self._gen:
                     view, gen = self._view_of(self.node)
                     if view is not None:
-                        if log.isEnabledFor(logging.DEBUG):
-                            log.debug("%s: a reader moves from %s to %s", self.node.path,
-                                      _describe(self._view), _describe(view))
+                        if log.isEnabledFor(logging.INFO):
+                            # to another size: the kernel sees it too (an mmap past the
+                            # new end faults), so the log says so
+                            log.log(logging.DEBUG if _size(view) == _size(self._view)
+                                    else logging.INFO, "%s: a reader moves from %s to %s",
+                                    self.node.path, _describe(self._view), _describe(view))
                         # other threads may be inside the old view: release it at the end
                         self._old.append(self._view)
                         self._view = view
@@ -125,10 +128,13 @@ class NodeReader:
         return getattr(self._current(), name)
 
 
-def _describe(view) -> str:
-    """A view, for the debug log: what it reads and its size now."""
+def _size(view):
     try:
-        size = view.size
+        return view.size
     except Exception as exc:           # noqa: BLE001 - a log line must not fail a read
-        size = f"? ({exc!r})"
-    return f"{getattr(view, 'version', None) or 'the spool'} ({size} bytes)"
+        return f"? ({exc!r})"
+
+
+def _describe(view) -> str:
+    """A view, for the log: what it reads and its size now."""
+    return f"{getattr(view, 'version', None) or 'the spool'} ({_size(view)} bytes)"
