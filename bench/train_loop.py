@@ -62,6 +62,7 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "fuse-floor-kc", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
+C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
 
 
 class Trainer:
@@ -116,32 +117,13 @@ class Mode:
         self.logical = 0
         self.floor = None
         if name.startswith("fuse-floor"):
-            os.makedirs(self.store)
-            self.mountpoint = os.path.join(self.work, "mnt")
-            os.makedirs(self.mountpoint)
             here = os.path.dirname(os.path.abspath(__file__))
-            self.floor = subprocess.Popen(
-                [sys.executable, os.path.join(here, "_fuse_floor.py"), self.store,
-                 self.mountpoint] + (["--fsync"] if name.endswith("+sync") else [])
-                + (["--kernel-cache"] if "-kc" in name else []))
-            deadline = time.monotonic() + 60
-            while not os.path.ismount(self.mountpoint):
-                if self.floor.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the FUSE floor mount did not come up")
-                time.sleep(0.05)
-        elif name.startswith("fuse-c") or name.startswith("fuse-passthrough"):
-            os.makedirs(self.store)
-            self.mountpoint = os.path.join(self.work, "mnt")
-            os.makedirs(self.mountpoint)
-            self.floor = subprocess.Popen(
-                [os.environ["S4FS_PASSTHROUGH_HP"], "--foreground", self.store,
-                 self.mountpoint] + ([] if "passthrough" in name else ["--nopassthrough"]),
-                stdout=subprocess.DEVNULL)
-            deadline = time.monotonic() + 60
-            while not os.path.ismount(self.mountpoint):
-                if self.floor.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {name} mount did not come up")
-                time.sleep(0.05)
+            self._start_floor([sys.executable, os.path.join(here, "_fuse_floor.py")],
+                              (["--fsync"] if name.endswith("+sync") else [])
+                              + (["--kernel-cache"] if "-kc" in name else []))
+        elif name.startswith(C_FLOORS):
+            self._start_floor([os.environ["S4FS_PASSTHROUGH_HP"], "--foreground"],
+                              [] if "passthrough" in name else ["--nopassthrough"])
         elif name.startswith("mount"):
             os.makedirs(self.store)
             self.mountpoint = os.path.join(self.work, "mnt")
@@ -160,6 +142,20 @@ class Mode:
                 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                         rank=0, world_size=1)
 
+    def _start_floor(self, daemon: list, options: list) -> None:
+        """A floor's FUSE daemon over ``self.store`` at ``self.mountpoint``; returns once
+        it is mounted."""
+        os.makedirs(self.store)
+        self.mountpoint = os.path.join(self.work, "mnt")
+        os.makedirs(self.mountpoint)
+        self.floor = subprocess.Popen(daemon + [self.store, self.mountpoint] + options,
+                                      stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(self.mountpoint):
+            if self.floor.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.name} mount did not come up")
+            time.sleep(0.05)
+
     def save(self, state: dict, i: int) -> None:
         import torch
         name = f"ckpt_{i}.pt"
@@ -169,7 +165,7 @@ class Mode:
             torch.save(state, os.path.join(self.work, name))
             if self.name == "local+sync":
                 os.sync()
-        elif self.name.startswith(("fuse-c", "fuse-passthrough")):
+        elif self.name.startswith(C_FLOORS):
             torch.save(state, os.path.join(self.mountpoint, name))
             if self.name.endswith("+sync"):
                 os.sync()
@@ -297,7 +293,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
     if not os.environ.get("S4FS_PASSTHROUGH_HP"):
-        skipped = [m for m in modes if m.startswith(("fuse-c", "fuse-passthrough"))]
+        skipped = [m for m in modes if m.startswith(C_FLOORS)]
         modes = [m for m in modes if m not in skipped]
         if skipped:
             print(f"# no S4FS_PASSTHROUGH_HP (bench/build_fuse_c_floor.sh): "

@@ -41,8 +41,7 @@ def _check(fn, data: bytes) -> tuple[bool, str]:
 
 
 def run(device: str, n_random: int = 1_000_000, out=sys.stdout) -> int:
-    from s4fs.codec import compress, decompress, resolve_device
-    from s4fs.codec import lookup
+    from s4fs.codec import compress, decompress, lookup, resolve_device
 
     try:
         device = resolve_device(device)

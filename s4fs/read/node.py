@@ -93,9 +93,10 @@ class NodeReader:
                         if log.isEnabledFor(logging.INFO):
                             # to another size: the kernel sees it too (an mmap past the
                             # new end faults), so the log says so
-                            log.log(logging.DEBUG if _size(view) == _size(self._view)
-                                    else logging.INFO, "%s: a reader moves from %s to %s",
-                                    self.node.path, _describe(self._view), _describe(view))
+                            was, now = _size(self._view), _size(view)
+                            log.log(logging.DEBUG if was == now else logging.INFO,
+                                    "%s: a reader moves from %s (%s bytes) to %s (%s bytes)",
+                                    self.node.path, _name(self._view), was, _name(view), now)
                         # other threads may be inside the old view: release it at the end
                         self._old.append(self._view)
                         self._view = view
@@ -135,6 +136,6 @@ def _size(view):
         return f"? ({exc!r})"
 
 
-def _describe(view) -> str:
-    """A view, for the log: what it reads and its size now."""
-    return f"{getattr(view, 'version', None) or 'the spool'} ({_size(view)} bytes)"
+def _name(view) -> str:
+    """A view, for the log: the version it reads."""
+    return getattr(view, "version", None) or "the spool"

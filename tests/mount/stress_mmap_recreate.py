@@ -129,19 +129,19 @@ def main():
         if args.local:
             return 1 if run(args.local, args.seconds, args.kinds.split(","),
                             args.keep_open) else 0
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from mount_helpers import Mount          # the mount tests' own start and stop
         with tempfile.TemporaryDirectory() as work:
-            store, mnt, cache = (os.path.join(work, n) for n in ("store", "mnt", "cache"))
-            for d in (store, mnt, cache):
+            dirs = [os.path.join(work, n) for n in ("store", "mnt", "cache")]
+            for d in dirs:
                 os.mkdir(d)
-            cli = [sys.executable, "-m", "s4fs.cli"]
-            subprocess.run(cli + ["mount", store, mnt, "--cache-dir", cache]
-                           + (["--writeback"] if args.writeback else []), check=True,
-                           timeout=120)
+            m = Mount(*dirs, extra=("--writeback",) if args.writeback else ())
+            m.start()
             try:
-                return 1 if run(mnt, args.seconds, args.kinds.split(","),
+                return 1 if run(m.path, args.seconds, args.kinds.split(","),
                                 args.keep_open) else 0
             finally:
-                subprocess.run(cli + ["umount", mnt], timeout=300)
+                m.stop()
     finally:
         for b in busy:
             b.kill()
