@@ -352,8 +352,11 @@ def plane_roles(head) -> list[str]:
     elif layout == BYTES:
         roles = ["bytes"] * 16
     else:                                             # FLOAT: sign, exponent, mantissa
-        dt = from_code(head.dtype_code)
-        exp_bytes = max(1, (getattr(dt, "ebits", 8) or 8 + 7) // 8)
-        roles = ["sign"] + ["exponent"] * exp_bytes + ["mantissa"] * 8
+        dt = from_code(head.dtype_code)               # as plane_sizes lays them out
+        if dt.ebits + dt.mbits <= 7:
+            roles = ["sign", "exponent+mantissa"]
+        else:
+            roles = ["sign"] + ["exponent"] * _field_bytes(dt.ebits) + \
+                ["mantissa"] * _field_bytes(dt.mbits)
     roles = roles[:nplanes]
     return roles + ["tail"] * (nplanes - len(roles))

@@ -100,6 +100,27 @@ def test_every_layout_decodes_on_the_cpu(layout, dtype):
             assert head.layout in (layout, _planes.FLAT)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16", "float8_e5m2"])
+def test_plane_roles_name_the_planes_the_float_layout_wrote(dtype):
+    """``s4fs report``'s per-plane shares: each plane of a FLOAT blob is labelled by what
+    the split put in it — float64's 11-bit exponent fills two planes, its 52-bit
+    mantissa seven."""
+    dt = codec.lookup(dtype)
+    words = (np.random.default_rng(5).standard_normal(3001) * 0.02)
+    data = torch.from_numpy(words).to(getattr(torch, dtype)).view(torch.uint8).numpy()
+    blob = roundtrip(data.tobytes(), dtype, profile=CpuProfile(layout=_planes.FLOAT))
+    head = C.unpack(blob)
+    assert head.layout == _planes.FLOAT
+    want = {"float64": ["sign"] + ["exponent"] * 2 + ["mantissa"] * 7,
+            "float32": ["sign", "exponent"] + ["mantissa"] * 3,
+            "bfloat16": ["sign", "exponent", "mantissa"],
+            "float16": ["sign", "exponent", "mantissa", "mantissa"],
+            "float8_e5m2": ["sign", "exponent+mantissa"]}[dtype]
+    assert codec.plane_roles(head) == want
+    n = len(data) // dt.itemsize
+    assert [p.raw_len for p in head.planes] == [(n + 7) // 8] + [n] * (len(want) - 1)
+
+
 def test_deflate_fallback_matches_the_zstd_path():
     w = (np.random.default_rng(0).standard_normal(1 << 18) * 0.02).astype(np.float32)
     bf = torch.from_numpy(w).bfloat16()
