@@ -5,36 +5,53 @@ itself as pyfuse3 runs it (one request of at most 1 MiB at a time, answered by o
 Python process), which no pyfuse3 filesystem can go below.
 
     python bench/_fuse_floor.py BACKING_DIR MOUNTPOINT [--fsync] [--kernel-cache]
+        [--passthrough]
 
 ``--fsync``: ``close()`` returns only once the file is on disk (flush fsyncs it), the
 floor of a FUSE mount that is durable at ``close()``. ``--kernel-cache``: the kernel's
 FUSE writeback cache on (writes land in the page cache; the kernel sends them on in the
-background and all of them before ``close()`` returns). Runs in the foreground until
+background and all of them before ``close()`` returns). ``--passthrough``: the kernel's
+FUSE passthrough (Linux >= 6.9, root): every open names its backing file and the kernel
+reads and writes it directly, no request per read or write — needs pyfuse3 built with
+``bench/build_pyfuse3_passthrough.sh`` (libfuse >= 3.16 and the few lines pyfuse3 3.5
+lacks). Runs in the foreground until
 SIGTERM / SIGINT or an unmount. Used by ``bench/train_loop.py`` (modes ``fuse-floor``
-and ``fuse-floor+sync``); flat files only, enough for ``torch.save``/``torch.load``.
+``fuse-floor+sync``, ``py-passthrough``, ``py-passthrough+sync``); flat files only,
+enough for ``torch.save``/``torch.load``.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import stat
+import struct
 import sys
 
 import pyfuse3
 import trio
 
 
+# linux/fuse.h: _IOW(229, 1, struct fuse_backing_map {s32 fd; u32 flags; u64 padding})
+# and _IOW(229, 2, u32): register a backing file (the ioctl returns its id), drop an id
+BACKING_OPEN, BACKING_CLOSE = 0x4010E501, 0x4004E502
+
+
 class Floor(pyfuse3.Operations):
     """Flat passthrough: inode numbers by name, one OS descriptor per open."""
 
-    def __init__(self, backing: str, fsync: bool) -> None:
+    def __init__(self, backing: str, fsync: bool, passthrough: bool = False) -> None:
         super().__init__()
         self.backing, self.fsync = backing, fsync
         self.names: dict[int, bytes] = {pyfuse3.ROOT_INODE: b""}
         self.inodes: dict[bytes, int] = {}
         self.fds: dict[int, int] = {}
+        # the kernel wants one backing file per inode while any open uses it
+        self.enable_passthrough = passthrough
+        self.backing_ids: dict[int, list[int]] = {}       # inode -> [id, opens]
+        self.fd_inodes: dict[int, int] = {}
 
     def _path(self, inode: int) -> str:
         return os.path.join(self.backing, os.fsdecode(self.names[inode]))
@@ -94,17 +111,32 @@ class Floor(pyfuse3.Operations):
             setattr(s, k, getattr(st, k))
         return s
 
-    def _open_fd(self, path: str, flags: int, mode: int = 0o644) -> pyfuse3.FileInfo:
-        fd = os.open(path, flags & ~os.O_APPEND, mode)
+    def _open_fd(self, inode: int, flags: int, mode: int = 0o644) -> pyfuse3.FileInfo:
+        fd = os.open(self._path(inode), flags & ~os.O_APPEND, mode)
         self.fds[fd] = fd
-        return pyfuse3.FileInfo(fh=fd)
+        if not self.enable_passthrough:
+            return pyfuse3.FileInfo(fh=fd)
+        held = self.backing_ids.get(inode)
+        if held is None:
+            # the kernel keeps the file it is given; a read-write one serves every open
+            rw = os.open(self._path(inode), os.O_RDWR)
+            try:
+                bid = fcntl.ioctl(pyfuse3.get_session_fd(), BACKING_OPEN,
+                                  bytearray(struct.pack("=iIQ", rw, 0, 0)), True)
+            finally:
+                os.close(rw)
+            held = self.backing_ids[inode] = [bid, 0]
+        held[1] += 1
+        self.fd_inodes[fd] = inode
+        # the kernel refuses passthrough with other open flags (keep_cache among them)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=False, backing_id=held[0])
 
     async def open(self, inode, flags, ctx):
-        return self._open_fd(self._path(inode), flags)
+        return self._open_fd(inode, flags)
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         inode = self._inode(name)
-        fi = self._open_fd(self._path(inode), flags | os.O_CREAT, stat.S_IMODE(mode))
+        fi = self._open_fd(inode, flags | os.O_CREAT, stat.S_IMODE(mode))
         return fi, self._attr(inode)
 
     async def read(self, fh, off, size):
@@ -122,11 +154,23 @@ class Floor(pyfuse3.Operations):
 
     async def release(self, fh):
         os.close(self.fds.pop(fh))
+        inode = self.fd_inodes.pop(fh, None)
+        if inode is not None:
+            held = self.backing_ids[inode]
+            held[1] -= 1
+            if not held[1]:
+                del self.backing_ids[inode]
+                fcntl.ioctl(pyfuse3.get_session_fd(), BACKING_CLOSE,
+                            bytearray(struct.pack("=I", held[0])), True)
 
 
 def main(argv: list[str]) -> int:
     backing, mountpoint = argv[0], argv[1]
-    ops = Floor(backing, fsync="--fsync" in argv)
+    passthrough = "--passthrough" in argv
+    if passthrough and not hasattr(pyfuse3, "get_session_fd"):
+        sys.exit("--passthrough needs pyfuse3 built by bench/build_pyfuse3_passthrough.sh "
+                 "(this pyfuse3 cannot hand the kernel a backing file)")
+    ops = Floor(backing, fsync="--fsync" in argv, passthrough=passthrough)
     ops.enable_writeback_cache = "--kernel-cache" in argv
     opts = set(pyfuse3.default_options) | {"fsname=fuse-floor"}
     pyfuse3.init(ops, mountpoint, opts)

@@ -22,7 +22,10 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   fsyncs it at ``close()``): the floor of any Python FUSE mount, the transport's own
   cost, measured in the same run as the mount's modes; ``fuse-floor-kc``,
   ``fuse-floor-kc+sync``: the same with the kernel's FUSE writeback cache on (writes land
-  in the page cache and reach the daemon in the background, before ``close()`` returns).
+  in the page cache and reach the daemon in the background, before ``close()`` returns);
+  ``fuse-floor-pt``, ``fuse-floor-pt+sync``: the same pyfuse3 daemon with the kernel's FUSE
+  passthrough (pyfuse3 patched for it: ``bash bench/build_pyfuse3_passthrough.sh DEST``,
+  then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it).
 * ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
   whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
@@ -59,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import du, machine, s4fs_cli, table  # noqa: E402
 
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
-         "fuse-floor-kc", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
+         "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
@@ -118,9 +121,16 @@ class Mode:
         self.floor = None
         if name.startswith("fuse-floor"):
             here = os.path.dirname(os.path.abspath(__file__))
+            env = None
+            if "-pt" in name:           # the patched pyfuse3 first on the daemon's path
+                env = dict(os.environ)
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
+                    + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
             self._start_floor([sys.executable, os.path.join(here, "_fuse_floor.py")],
                               (["--fsync"] if name.endswith("+sync") else [])
-                              + (["--kernel-cache"] if "-kc" in name else []))
+                              + (["--kernel-cache"] if "-kc" in name else [])
+                              + (["--passthrough"] if "-pt" in name else []), env)
         elif name.startswith(C_FLOORS):
             self._start_floor([os.environ["S4FS_PASSTHROUGH_HP"], "--foreground"],
                               [] if "passthrough" in name else ["--nopassthrough"])
@@ -142,14 +152,14 @@ class Mode:
                 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                         rank=0, world_size=1)
 
-    def _start_floor(self, daemon: list, options: list) -> None:
+    def _start_floor(self, daemon: list, options: list, env: dict | None = None) -> None:
         """A floor's FUSE daemon over ``self.store`` at ``self.mountpoint``; returns once
         it is mounted."""
         os.makedirs(self.store)
         self.mountpoint = os.path.join(self.work, "mnt")
         os.makedirs(self.mountpoint)
         self.floor = subprocess.Popen(daemon + [self.store, self.mountpoint] + options,
-                                      stdout=subprocess.DEVNULL)
+                                      stdout=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 60
         while not os.path.ismount(self.mountpoint):
             if self.floor.poll() is not None or time.monotonic() > deadline:
@@ -297,6 +307,12 @@ def main(argv=None) -> int:
         modes = [m for m in modes if m not in skipped]
         if skipped:
             print(f"# no S4FS_PASSTHROUGH_HP (bench/build_fuse_c_floor.sh): "
+                  f"{', '.join(skipped)} left out")
+    if not os.environ.get("S4FS_PYFUSE3_PASSTHROUGH"):
+        skipped = [m for m in modes if m.startswith("fuse-floor-pt")]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            print(f"# no S4FS_PYFUSE3_PASSTHROUGH (bench/build_pyfuse3_passthrough.sh): "
                   f"{', '.join(skipped)} left out")
     if device != "cuda":
         skipped = [m for m in modes if m.endswith("-cuda")]

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Build pyfuse3 with FUSE passthrough: the Python floor of bench/train_loop.py's
+# fuse-floor-pt modes (bench/_fuse_floor.py --passthrough), and the binding a
+# passthrough s4fs mount needs (docs/BENCHMARKS.md §10). Nothing of it goes into s4fs yet.
+#
+#   bash bench/build_pyfuse3_passthrough.sh DEST
+#
+# pyfuse3 3.5 cannot hand the kernel a backing file: it builds against libfuse 3.14
+# (Debian 12), whose fuse_file_info has no backing_id, and never asks for
+# FUSE_CAP_PASSTHROUGH at INIT. So this fetches Debian's fuse3 3.17.2 source and
+# pyfuse3 3.5.0's sdist from PyPI (both checked against their SHA-256), builds libfuse
+# into DEST/libfuse (meson and ninja from PyPI, in a throw-away venv), applies
+# bench/pyfuse3-passthrough.patch (FileInfo.backing_id, Operations.enable_passthrough,
+# pyfuse3.get_session_fd() for the FUSE_DEV_IOC_BACKING_OPEN/CLOSE ioctls) and installs
+# the result for $PYTHON (default python3; the one that runs bench/train_loop.py) into
+# DEST/site (run with PYTHONPATH=DEST/site). It also
+# leaves the patched source as DEST/pyfuse3-3.5.0-passthrough.tar.gz, for a machine
+# without internet (bench/gpu.sh builds it there with the offline kit's Cython).
+# Needs a C compiler and pkg-config (Debian: build-essential pkg-config).
+set -euo pipefail
+dest=$(mkdir -p "${1:?usage: bash bench/build_pyfuse3_passthrough.sh DEST}" && cd "$1" && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+python=${PYTHON:-python3}
+fuse_version=3.17.2
+fuse_sha=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
+pyfuse3_sha=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+curl -fsS --max-time 300 -o "$work/fuse.tar.gz" \
+    "https://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${fuse_version}.orig.tar.gz"
+echo "$fuse_sha  $work/fuse.tar.gz" | sha256sum -c --quiet
+tar -xzf "$work/fuse.tar.gz" -C "$work"
+python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install -q meson ninja
+(cd "$work/fuse-$fuse_version" &&
+ "$work/venv/bin/meson" setup build --prefix="$dest/libfuse" --libdir=lib -Dexamples=false \
+     -Dutils=false -Dtests=false -Ddisable-mtab=true >/dev/null &&
+ PATH="$work/venv/bin:$PATH" ninja -C build install >/dev/null)
+
+"$work/venv/bin/pip" download -q --no-deps --no-binary :all: -d "$work" pyfuse3==3.5.0
+echo "$pyfuse3_sha  $work/pyfuse3-3.5.0.tar.gz" | sha256sum -c --quiet
+tar -xzf "$work/pyfuse3-3.5.0.tar.gz" -C "$work"
+(cd "$work/pyfuse3-3.5.0" && patch -p1 --quiet < "$here/pyfuse3-passthrough.patch" &&
+ rm -f src/pyfuse3/__init__.c)                    # Cython makes it anew from the patch
+tar -czf "$dest/pyfuse3-3.5.0-passthrough.tar.gz" -C "$work" pyfuse3-3.5.0
+
+PKG_CONFIG_PATH="$dest/libfuse/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$dest/libfuse/lib" \
+SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 \
+    "$python" -m pip install -q --no-deps --target "$dest/site" "$work/pyfuse3-3.5.0"
+PYTHONPATH="$dest/site" "$python" -c \
+    "import pyfuse3; assert hasattr(pyfuse3, 'get_session_fd'); print('built', pyfuse3.__file__)"
