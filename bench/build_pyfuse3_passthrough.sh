@@ -21,19 +21,14 @@ set -euo pipefail
 dest=$(mkdir -p "${1:?usage: bash bench/build_pyfuse3_passthrough.sh DEST}" && cd "$1" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python=${PYTHON:-python3}
-fuse_version=3.17.2
-fuse_sha=3d932431ad94e86179e5265cddde1d67aa3bb2fb09a5bd35c641f86f2b5ed06f
 pyfuse3_sha=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-curl -fsS --max-time 300 -o "$work/fuse.tar.gz" \
-    "https://deb.debian.org/debian/pool/main/f/fuse3/fuse3_${fuse_version}.orig.tar.gz"
-echo "$fuse_sha  $work/fuse.tar.gz" | sha256sum -c --quiet
-tar -xzf "$work/fuse.tar.gz" -C "$work"
-python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q meson ninja
-(cd "$work/fuse-$fuse_version" &&
+# shellcheck source=bench/_libfuse_source.sh
+source "$here/_libfuse_source.sh"
+libfuse_source "$work"
+(cd "$work/fuse-$libfuse_version" &&
  "$work/venv/bin/meson" setup build --prefix="$dest/libfuse" --libdir=lib -Dexamples=false \
      -Dutils=false -Dtests=false -Ddisable-mtab=true >/dev/null &&
  PATH="$work/venv/bin:$PATH" ninja -C build install >/dev/null)
