@@ -8,12 +8,15 @@ VENV ?= .venv
 LAYER ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck curl patch
 # the tests also open `s4fs report`'s HTML in a real headless browser
 APT_TEST_PACKAGES := chromium
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test deps apt bench clean
+.PHONY: demo test deps apt bench clean passthrough
+# pyfuse3 able to ask the kernel for FUSE passthrough (mount --passthrough), built
+# beside the venv's own: libfuse 3.17.2 and pyfuse3 3.5.0 with a small patch
+PT := $(VENV)/pyfuse3-passthrough
 
 apt:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -35,9 +38,17 @@ $(STAMP): pyproject.toml Makefile
 
 deps: apt $(STAMP)
 
+$(PT)/.built: $(STAMP) bench/build_pyfuse3_passthrough.sh bench/pyfuse3-passthrough.patch bench/_libfuse_source.sh
+	PYTHON=$(BIN)/python bash bench/build_pyfuse3_passthrough.sh $(PT)
+	touch $@
+
+# `mount --passthrough` needs it in the venv (it links libfuse 3.17.2 from $(PT)/libfuse)
+passthrough: deps $(PT)/.built
+	$(BIN)/pip install -q --no-deps --force-reinstall $(PT)/wheel/pyfuse3-*.whl
+
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
-test: deps
-	$(BIN)/python -m pytest tests/$(LAYER)
+test: deps $(PT)/.built
+	S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest tests/$(LAYER)
 
 demo: deps
 	$(BIN)/python -m s4fs.demo

@@ -74,10 +74,10 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {load}"
 
 
-def s4fs_cli(*args: str, timeout: float = 600) -> None:
+def s4fs_cli(*args: str, timeout: float = 600, env: dict | None = None) -> None:
     """Run ``s4fs ARGS...`` (this interpreter's s4fs); raise with its stderr if it fails."""
     res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
-                         text=True, timeout=timeout)
+                         text=True, timeout=timeout, env=env)
     if res.returncode:
         raise RuntimeError(f"s4fs {' '.join(args)} failed: {res.stderr.strip()}")
 

@@ -12,8 +12,9 @@
 # into DEST/libfuse (meson and ninja from PyPI, in a throw-away venv), applies
 # bench/pyfuse3-passthrough.patch (FileInfo.backing_id, Operations.enable_passthrough,
 # pyfuse3.get_session_fd() for the FUSE_DEV_IOC_BACKING_OPEN/CLOSE ioctls) and installs
-# the result for $PYTHON (default python3; the one that runs bench/train_loop.py) into
-# DEST/site (run with PYTHONPATH=DEST/site). It also
+# the result for $PYTHON (default python3; the one that runs s4fs) as a wheel in
+# DEST/wheel (linked to DEST/libfuse; `make passthrough` installs it into the venv) and
+# installed in DEST/site (PYTHONPATH=DEST/site: what the tests and the bench use). It also
 # leaves the patched source as DEST/pyfuse3-3.5.0-passthrough.tar.gz, for a machine
 # without internet (bench/gpu.sh builds it there with the offline kit's Cython).
 # Needs a C compiler and pkg-config (Debian: build-essential pkg-config).
@@ -40,8 +41,10 @@ tar -xzf "$work/pyfuse3-3.5.0.tar.gz" -C "$work"
  rm -f src/pyfuse3/__init__.c)                    # Cython makes it anew from the patch
 tar -czf "$dest/pyfuse3-3.5.0-passthrough.tar.gz" -C "$work" pyfuse3-3.5.0
 
+rm -rf "$dest/wheel" "$dest/site"
 PKG_CONFIG_PATH="$dest/libfuse/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$dest/libfuse/lib" \
 SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 \
-    "$python" -m pip install -q --no-deps --target "$dest/site" "$work/pyfuse3-3.5.0"
+    "$python" -m pip wheel -q --no-deps -w "$dest/wheel" "$work/pyfuse3-3.5.0"
+"$python" -m pip install -q --no-deps --target "$dest/site" "$dest"/wheel/pyfuse3-*.whl
 PYTHONPATH="$dest/site" "$python" -c \
     "import pyfuse3; assert hasattr(pyfuse3, 'get_session_fd'); print('built', pyfuse3.__file__)"

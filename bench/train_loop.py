@@ -25,7 +25,8 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   in the page cache and reach the daemon in the background, before ``close()`` returns);
   ``fuse-floor-pt``, ``fuse-floor-pt+sync``: the same pyfuse3 daemon with the kernel's FUSE
   passthrough (pyfuse3 patched for it: ``bash bench/build_pyfuse3_passthrough.sh DEST``,
-  then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it).
+  then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it);
+  ``mount-wb-pt``: the mount with ``--writeback --passthrough`` (the same pyfuse3).
 * ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
   whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
@@ -64,8 +65,18 @@ from _common import du, machine, s4fs_cli, table  # noqa: E402
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
          "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
-         "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-cuda", "mount-wb-cuda")
+         "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-wb-pt", "mount-cuda",
+         "mount-wb-cuda")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
+
+
+def _with_passthrough_pyfuse3() -> dict:
+    """The environment of a daemon that imports the pyfuse3 built with passthrough."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                           else []))
+    return env
 
 
 class Trainer:
@@ -121,12 +132,7 @@ class Mode:
         self.floor = None
         if name.startswith("fuse-floor"):
             here = os.path.dirname(os.path.abspath(__file__))
-            env = None
-            if "-pt" in name:           # the patched pyfuse3 first on the daemon's path
-                env = dict(os.environ)
-                env["PYTHONPATH"] = os.pathsep.join(
-                    [os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
-                    + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            env = _with_passthrough_pyfuse3() if "-pt" in name else None
             self._start_floor([sys.executable, os.path.join(here, "_fuse_floor.py")],
                               (["--fsync"] if name.endswith("+sync") else [])
                               + (["--kernel-cache"] if "-kc" in name else [])
@@ -140,8 +146,13 @@ class Mode:
             os.makedirs(self.mountpoint)
             extra = ["--writeback"] if "-wb" in name else []
             extra += ["--device", "cuda" if name.endswith("-cuda") else "cpu"]
+            env = None
+            if "-pt" in name:           # mount --passthrough: the patched pyfuse3
+                extra.append("--passthrough")
+                env = _with_passthrough_pyfuse3()
             s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
-                 os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []))
+                     os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []),
+                     env=env)
         elif name == "dcp-async":
             import torch.distributed as dist
             if not dist.is_initialized():
@@ -309,7 +320,7 @@ def main(argv=None) -> int:
             print(f"# no S4FS_PASSTHROUGH_HP (bench/build_fuse_c_floor.sh): "
                   f"{', '.join(skipped)} left out")
     if not os.environ.get("S4FS_PYFUSE3_PASSTHROUGH"):
-        skipped = [m for m in modes if m.startswith("fuse-floor-pt")]
+        skipped = [m for m in modes if m.startswith("fuse-floor-pt") or m.endswith("-pt")]
         modes = [m for m in modes if m not in skipped]
         if skipped:
             print(f"# no S4FS_PYFUSE3_PASSTHROUGH (bench/build_pyfuse3_passthrough.sh): "

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from s4fs.errors import Busy
+from s4fs.errors import Busy, S4Error
 
 log = logging.getLogger("s4fs.mount")
 
@@ -184,10 +184,24 @@ def _notify(msg: str) -> None:
             pass
 
 
+def passthrough_problem(*, writeback: bool) -> str | None:
+    """Why ``--passthrough`` cannot be used here (a message for the user), or None."""
+    if not writeback:
+        return ("--passthrough needs --writeback (the default mode codes a file while its "
+                "bytes arrive, which passthrough hides from s4fs): add --writeback, or "
+                "leave --passthrough out")
+    import pyfuse3
+    if not hasattr(pyfuse3, "get_session_fd"):
+        return ("--passthrough needs pyfuse3 built with FUSE passthrough (`make "
+                "passthrough`, docs/OPERATING.md); this pyfuse3 cannot hand the kernel a "
+                "backing file — mount without --passthrough")
+    return None
+
+
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                      ready_fd: int | None = None, extra_options=(), workers: int = 16,
                      uid: int | None = None, gid: int | None = None,
-                     source: str | None = None) -> None:
+                     source: str | None = None, passthrough: bool = False) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount (then
     ``fs`` is closed; its runtime is the caller's to close)."""
     import pyfuse3
@@ -197,6 +211,11 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
 
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
+    if passthrough:
+        problem = passthrough_problem(writeback=fs.cfg.writeback)
+        if problem:
+            raise S4Error(problem)
+        ops.enable_passthrough = True
     ingest = fs.cfg.ingest
     if ingest.processes:
         # start the coding worker processes now, beside the mount: the first save should

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import os
 import stat as st
+import struct
 import threading
 
 import pyfuse3
@@ -19,6 +21,11 @@ from s4fs.errors import S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
 
 log = logging.getLogger("s4fs.mount")
+
+# linux/fuse.h: _IOW(229, 1, struct fuse_backing_map {s32 fd; u32 flags; u64 padding})
+# registers a backing file for FUSE passthrough (the ioctl returns its id);
+# _IOW(229, 2, u32) drops an id
+_BACKING_OPEN, _BACKING_CLOSE = 0x4010E501, 0x4004E502
 
 
 def _fuse_errors(fn):
@@ -116,6 +123,9 @@ class S4Operations(pyfuse3.Operations):
     # would show a stale size (docs/SEMANTICS.md). The spool would take any order.
     enable_writeback_cache = False
     enable_acl = False
+    # FUSE passthrough (the mount's --passthrough; a pyfuse3 that can ask for it): the
+    # kernel writes a file being written straight into its spool (docs/ARCHITECTURE.md)
+    enable_passthrough = False
 
     def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0,
                  uid: int | None = None, gid: int | None = None):
@@ -140,6 +150,10 @@ class S4Operations(pyfuse3.Operations):
         # files whose path is gone (unlinked, renamed over) but still open: the kernel
         # asks their attributes by inode (fstat, reads) until the last close
         self._open_nodes: dict[int, tuple[object, int]] = {}    # inode -> (node, opens)
+        # passthrough: the backing file the kernel holds per inode, while any open uses
+        # it (the kernel allows one per inode, and no cached open beside it)
+        self._backing: dict[int, list[int]] = {}                 # inode -> [id, opens]
+        self._fh_backing: dict[int, int] = {}                    # fh -> inode
         fs.on_invalidate = self._invalidate
 
     # --- plumbing ------------------------------------------------------------------
@@ -344,6 +358,14 @@ class S4Operations(pyfuse3.Operations):
         acc = flags & os.O_ACCMODE
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
+            bid = self._share_backing(inode)
+            if bid:
+                # the file is being written through passthrough: this open must read the
+                # same backing file (its spool) — no kernel page cache beside it
+                self._hold(inode, handle.node)
+                fh = self._new_fh(handle, inode)
+                self._fh_backing[fh] = inode
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=bid)
             self._hold(inode, handle.node)
             if not handle.keep_cache:
                 # the kernel's cached attributes may be another version's (another
@@ -356,8 +378,13 @@ class S4Operations(pyfuse3.Operations):
         # failed (never committed); opening it for writing starts it afresh
         handle = await self._run(self.fs.open_write, path,
                                  truncate=bool(flags & os.O_TRUNC), create=True)
+        bid = await self._run(self._backing_for, inode, handle)
         self._hold(inode, handle.node)
-        return pyfuse3.FileInfo(fh=self._new_fh(handle, inode))
+        fh = self._new_fh(handle, inode)
+        if bid:
+            self._fh_backing[fh] = inode
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=bid)
+        return pyfuse3.FileInfo(fh=fh)
 
     @_fuse_errors
     @_namespace("shared")
@@ -366,8 +393,12 @@ class S4Operations(pyfuse3.Operations):
         handle = await self._run(self.fs.open_write, path, truncate=True, create=True,
                                  exclusive=bool(flags & os.O_EXCL), mode=mode)
         entry = self._entry(await self._run(self.fs.stat, path))
+        bid = await self._run(self._backing_for, entry.st_ino, handle)
         self._hold(entry.st_ino, handle.node)
         fh = self._new_fh(handle, entry.st_ino)
+        if bid:
+            self._fh_backing[fh] = entry.st_ino
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=bid), entry
         return pyfuse3.FileInfo(fh=fh), entry
 
     @_fuse_errors
@@ -482,5 +513,63 @@ class S4Operations(pyfuse3.Operations):
             self._handles.pop(fh, None)
             self._handle_locks.pop(fh, None)
             inode = self._fh_inodes.pop(fh, None)
+            backed = self._fh_backing.pop(fh, None)
         if inode is not None:
             self._let_go(inode)
+        if backed is not None:
+            self._drop_backing(backed)
+
+    # --- FUSE passthrough --------------------------------------------------------------
+
+    def _backing_for(self, inode: int, handle) -> int:
+        """A write open of ``inode``: the backing id of its spool for the kernel, or 0 to
+        stay on write requests (passthrough off, a writer already on requests, readers
+        open with the kernel's page cache, or the kernel refused)."""
+        if not self.enable_passthrough or not isinstance(handle, WriteHandle) \
+                or not handle.writeback:
+            return 0
+        shared = self._share_backing(inode)
+        if shared:
+            return shared
+        with self._lock:
+            if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
+                return 0                  # others have it open without passthrough
+        fd = os.open(handle.spool.name, os.O_RDWR)
+        try:
+            bid = fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_OPEN,
+                              bytearray(struct.pack("=iIQ", fd, 0, 0)), True)
+        except OSError as exc:
+            log.warning("FUSE passthrough refused (%s): %s stays on write requests",
+                        exc, handle.path)
+            return 0
+        finally:
+            os.close(fd)
+        handle.written_behind()
+        with self._lock:
+            self._backing[inode] = [bid, 1]
+        log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
+        return bid
+
+    def _share_backing(self, inode: int) -> int:
+        """Another open of an inode the kernel already passes through: the same id."""
+        with self._lock:
+            held = self._backing.get(inode)
+            if held is None:
+                return 0
+            held[1] += 1
+            return held[0]
+
+    def _drop_backing(self, inode: int) -> None:
+        with self._lock:
+            held = self._backing.get(inode)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del self._backing[inode]
+        try:
+            fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_CLOSE,
+                        bytearray(struct.pack("=I", held[0])), True)
+        except OSError as exc:
+            log.warning("dropping backing id %d of inode %d: %s", held[0], inode, exc)

@@ -65,6 +65,12 @@ def _parse_size(text: str) -> int:
 
 def cmd_mount(args) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
+    if args.passthrough:
+        from s4fs.mount import passthrough_problem
+        problem = passthrough_problem(writeback=args.writeback)
+        if problem:
+            from s4fs.errors import InvalidArgument
+            raise InvalidArgument(problem)
     if not args.foreground:
         from s4fs.mount import run_daemon
         argv = ["mount", args.store, mountpoint]
@@ -83,6 +89,8 @@ def cmd_mount(args) -> int:
             argv.append("-v")
         if args.writeback:
             argv.append("--writeback")
+        if args.passthrough:
+            argv.append("--passthrough")
         if args.cache_size is not None:
             argv += ["--cache-size", args.cache_size]
         if args.workers:
@@ -111,7 +119,7 @@ def cmd_mount(args) -> int:
     try:
         mount_foreground(fs, mountpoint, allow_other=args.allow_other,
                          ready_fd=args.ready_fd, uid=args.uid, gid=args.gid,
-                         source=_source_url(args.store))
+                         source=_source_url(args.store), passthrough=args.passthrough)
     finally:
         control.close()
         runtime.close()
@@ -434,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--writeback", action="store_true",
                    help="close() returns once the bytes are on local disk; commits run in "
                         "the background (journalled; `s4fs sync` waits for them)")
+    m.add_argument("--passthrough", action="store_true",
+                   help="with --writeback: the kernel writes a file being saved straight "
+                        "into its spool (FUSE passthrough: Linux >= 6.9, root, and pyfuse3 "
+                        "built with it — docs/OPERATING.md); experimental")
     m.add_argument("--cache-size",
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")

@@ -734,7 +734,9 @@ class Filesystem:
             node = w.node
             if node is None or node.writer is not w or node.detached:
                 return
-            drop = node.read_while_written
+            # through FUSE passthrough the kernel wrote the spool, not its own pages of
+            # this file: whatever pages it holds are of an older version
+            drop = node.read_while_written or w.passthrough
             node.read_while_written = False
             node.kernel_id = None if drop else m.id
         if drop:

@@ -145,6 +145,10 @@ class WriteHandle:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._same_bytes = False          # the spool holds exactly ``previous``'s bytes
+        # FUSE passthrough (s4fs.mount): the kernel writes into the spool itself and the
+        # handle learns of it from the spool's size and mtime (see behind())
+        self.passthrough = False
+        self._seen: tuple[int, int] | None = None
         try:
             if initial is not None:
                 self._fill_from(initial)
@@ -182,7 +186,37 @@ class WriteHandle:
 
     @property
     def size(self) -> int:
+        if self.passthrough and self.spool.fd >= 0:
+            try:
+                return os.fstat(self.spool.fd).st_size     # what the kernel wrote so far
+            except OSError:
+                pass
         return self.spool.size
+
+    def written_behind(self) -> None:
+        """From now on the kernel writes into the spool directly (FUSE passthrough): no
+        write request reaches the handle. Called before the first such write."""
+        with self._cond:
+            self.passthrough = True
+            self._seen = self._spool_stamp()
+
+    def _spool_stamp(self) -> tuple[int, int]:
+        st = os.fstat(self.spool.fd)
+        return st.st_size, st.st_mtime_ns
+
+    def behind(self) -> None:
+        """(Under the lock.) Take in what the kernel wrote into the spool since the last
+        look: its size, and — when anything changed — a new version to commit whose
+        bytes were never streamed (the commit ingests the whole spool)."""
+        if not self.passthrough or self.spool.fd < 0:
+            return
+        stamp = self._spool_stamp()
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        self.spool.written_to(stamp[0])
+        self._stream_ok = False
+        self._touch()
 
     @property
     def mtime(self) -> float:
@@ -262,6 +296,7 @@ class WriteHandle:
             self._check()
             if self.state is State.CLOSED:
                 return False
+            self.behind()
             if size is not None:
                 self.truncate(size)
             if mode is not None:
@@ -333,6 +368,7 @@ class WriteHandle:
         with self._cond:
             self._wait_commit()
             self._check()
+            self.behind()
             if self.state is not State.STREAMING or self._orphaned:
                 return
             if not looks_complete(self.spool.read, self.spool.size):
@@ -345,6 +381,7 @@ class WriteHandle:
         with self._cond:
             self._wait_commit()
             self._check()
+            self.behind()
             if self._orphaned or self.state not in (State.STREAMING, State.SPOOLED):
                 return
             if not self.writeback:
@@ -613,6 +650,8 @@ class WriteHandle:
         """One descriptor is gone for good; the last one acts on what is left."""
         with self._cond:
             self._wait_commit()
+            if self.error is None:
+                self.behind()        # written after the last flush (another descriptor)
             self.refs -= 1
             if self.refs > 0:
                 return

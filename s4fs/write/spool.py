@@ -105,6 +105,13 @@ class Spool:
             self._mark(self.size, size)
         self.size = size
 
+    def written_to(self, size: int) -> None:
+        """Someone else (the kernel, FUSE passthrough) wrote this file: it is ``size``
+        bytes, all of them written."""
+        self.size = size
+        self.frontier = size
+        self._islands = []
+
     def _mark(self, lo: int, hi: int) -> None:
         if lo <= self.frontier:
             self.frontier = max(self.frontier, hi)
