@@ -152,7 +152,7 @@ class S4Operations(pyfuse3.Operations):
         self._open_nodes: dict[int, tuple[object, int]] = {}    # inode -> (node, opens)
         # passthrough: the backing file the kernel holds per inode, while any open uses
         # it (the kernel allows one per inode, and no cached open beside it)
-        self._backing: dict[int, list[int]] = {}                 # inode -> [id, opens]
+        self._backing: dict[int, list] = {}             # inode -> [id, opens, its handle]
         self._fh_backing: dict[int, int] = {}                    # fh -> inode
         fs.on_invalidate = self._invalidate
 
@@ -376,6 +376,8 @@ class S4Operations(pyfuse3.Operations):
                                     keep_cache=handle.keep_cache)
         # create=True: the kernel may still hold an entry for a file whose first save
         # failed (never committed); opening it for writing starts it afresh
+        if self._stale_backing(inode):
+            raise self._busy(path)
         handle = await self._run(self.fs.open_write, path,
                                  truncate=bool(flags & os.O_TRUNC), create=True)
         bid = await self._run(self._backing_for, inode, handle)
@@ -528,9 +530,19 @@ class S4Operations(pyfuse3.Operations):
         if not self.enable_passthrough or not isinstance(handle, WriteHandle) \
                 or not handle.writeback:
             return 0
-        shared = self._share_backing(inode)
-        if shared:
-            return shared
+        with self._lock:
+            held = self._backing.get(inode)
+            if held is not None:
+                if held[2] is handle:     # another descriptor of the same save
+                    held[1] += 1
+                    return held[0]
+                stale = True
+            else:
+                stale = False
+        if stale:
+            # a new save that never starts: the file stays as it is
+            handle.abort() if handle.refs <= 1 else handle.release()
+            raise self._busy(handle.path)
         with self._lock:
             if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
                 return 0                  # others have it open without passthrough
@@ -546,9 +558,26 @@ class S4Operations(pyfuse3.Operations):
             os.close(fd)
         handle.written_behind()
         with self._lock:
-            self._backing[inode] = [bid, 1]
+            self._backing[inode] = [bid, 1, handle]
         log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
         return bid
+
+    @staticmethod
+    def _busy(path: str) -> pyfuse3.FUSEError:
+        """The kernel passes this inode through to the spool of an earlier save, for
+        readers that opened it during that save: it takes no other backing file and no
+        open without one, and that spool is a committed version now — never written
+        into again."""
+        log.warning("%s: cannot be saved while a reader that opened it during its last "
+                    "save still has it open (FUSE passthrough allows one backing file per "
+                    "file): close that reader, or mount without --passthrough", path)
+        return pyfuse3.FUSEError(errno.EBUSY)
+
+    def _stale_backing(self, inode: int) -> bool:
+        """Whether ``inode`` is passed through to a save whose descriptors are all gone."""
+        with self._lock:
+            held = self._backing.get(inode)
+            return held is not None and held[2].refs <= 0
 
     def _share_backing(self, inode: int) -> int:
         """Another open of an inode the kernel already passes through: the same id."""

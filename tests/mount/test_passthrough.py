@@ -161,6 +161,39 @@ def test_an_overwrite_while_another_process_reads_stays_on_write_requests(pt_mou
     assert log_of(pt_mount).count("shared.bin: written through FUSE passthrough") == 1
 
 
+def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whole(
+        pt_mount, tmp_path):
+    """A reader that opened the file during a passthrough save holds the kernel to that
+    save's spool (one backing file per inode): the next save of the path fails with
+    EBUSY, saying why in the log, and changes nothing — the reader reads the first save
+    whole, so does a fresh open and the store; once the reader is closed, saving works."""
+    import errno
+    p = os.path.join(pt_mount.path, "latest.pt")
+    first = data("first", 3 * MiB + 1)
+    w = open(p, "wb", buffering=0)
+    w.write(first[:MiB])
+    r = open(p, "rb")                             # during the save
+    w.write(first[MiB:])
+    w.close()
+    with pytest.raises(OSError) as exc:
+        with open(p, "wb") as w2:
+            w2.write(data("second", 2 * MiB))
+    assert exc.value.errno == errno.EBUSY
+    assert "close that reader, or mount without --passthrough" in log_of(pt_mount)
+    assert r.read() == first
+    assert open(p, "rb").read() == first
+    r.close()
+    third = data("third", MiB + 3)
+    with open(p, "wb") as w3:
+        w3.write(third)
+    assert open(p, "rb").read() == third
+    plain = remounted(pt_mount, tmp_path, "plain")
+    try:
+        assert open(os.path.join(plain.path, "latest.pt"), "rb").read() == third
+    finally:
+        plain.stop()
+
+
 def test_a_file_accepted_through_passthrough_survives_a_crash(pt_mount, tmp_path):
     """close() returned, then the daemon is killed: the journal has the spool's size
     (read from the file, not from write requests), and the file is committed after the
