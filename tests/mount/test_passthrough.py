@@ -194,6 +194,32 @@ def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whol
         plain.stop()
 
 
+def test_temp_file_renamed_over_and_chmodded_through_passthrough(pt_mount, tmp_path):
+    """The safetensors >= 0.8 save (a temp file, renamed over the name, then chmod): the
+    name holds the new bytes with the new mode, also in the store; a descriptor opened
+    on the old file before keeps reading it."""
+    p = os.path.join(pt_mount.path, "model.safetensors")
+    tmp = os.path.join(pt_mount.path, ".model.safetensors.tmp")
+    old, new = data("old", 2 * MiB + 1), data("new", 3 * MiB + 7)
+    with open(p, "wb") as f:
+        f.write(old)
+    pt_mount.sync()
+    with open(p, "rb") as before:
+        with open(tmp, "wb") as f:
+            f.write(new)
+        os.rename(tmp, p)
+        os.chmod(p, 0o600)
+        assert before.read() == old
+    assert open(p, "rb").read() == new and os.stat(p).st_mode & 0o777 == 0o600
+    assert passed_through(pt_mount, ".model.safetensors.tmp")
+    plain = remounted(pt_mount, tmp_path, "plain")
+    try:
+        q = os.path.join(plain.path, "model.safetensors")
+        assert open(q, "rb").read() == new and os.stat(q).st_mode & 0o777 == 0o600
+    finally:
+        plain.stop()
+
+
 def test_a_file_accepted_through_passthrough_survives_a_crash(pt_mount, tmp_path):
     """close() returned, then the daemon is killed: the journal has the spool's size
     (read from the file, not from write requests), and the file is committed after the
