@@ -108,7 +108,7 @@ for suite in "$@"; do
     train-loop)
         # the fuse-floor-pt modes: pyfuse3 patched for FUSE passthrough, built here from
         # the kit (bench/build_pyfuse3_passthrough.sh .offline-kit/fuse317 made it)
-        P=.offline-kit/fuse317 t0=$SECONDS
+        P=$R/.offline-kit/fuse317 t0=$SECONDS
         if [ -z "${S4FS_PYFUSE3_PASSTHROUGH:-}" ] && [ -f "$P/pyfuse3-3.5.0-passthrough.tar.gz" ]; then
             PK=$(cd "$P" && pwd)
             sed -i "s#^prefix=.*#prefix=$PK/libfuse#" "$PK/libfuse/lib/pkgconfig/fuse3.pc"

