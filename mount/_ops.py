@@ -594,6 +594,10 @@ class S4Operations(pyfuse3.Operations):
             if held is None:
                 return
             held[1] -= 1
+            if held[2].refs <= 0 and not held[2].passthrough_done:
+                held[2].passthrough_done = True   # its last descriptor is gone
+                log.info("%s: the passthrough save's descriptors are closed (%d other "
+                         "opens keep its spool)", held[2].path, held[1])
             if held[1] > 0:
                 return
             del self._backing[inode]

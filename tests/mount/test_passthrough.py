@@ -175,6 +175,12 @@ def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whol
     r = open(p, "rb")                             # during the save
     w.write(first[MiB:])
     w.close()
+    # the kernel sends the release after close() returns; until the daemon has it, a
+    # new open joins the same save (in place, as on a local disk): wait for it
+    deadline = time.monotonic() + 20
+    while "latest.pt: the passthrough save's descriptors are closed" not in log_of(pt_mount):
+        assert time.monotonic() < deadline, "the first save was never released"
+        time.sleep(0.05)
     with pytest.raises(OSError) as exc:
         with open(p, "wb") as w2:
             w2.write(data("second", 2 * MiB))
