@@ -357,6 +357,7 @@ class S4Operations(pyfuse3.Operations):
         path = self._path(inode)
         acc = flags & os.O_ACCMODE
         if acc == os.O_RDONLY:
+            await self._after_closed_save(inode)
             handle = await self._run(self.fs.open_read, path)
             bid = self._share_backing(inode)
             if bid:
@@ -561,6 +562,19 @@ class S4Operations(pyfuse3.Operations):
             self._backing[inode] = [bid, 1, handle]
         log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
         return bid
+
+    async def _after_closed_save(self, inode: int, wait: float = 1.0) -> None:
+        """A reader opening a file whose passthrough save has just been closed: the
+        kernel sends that save's release after close() returns. Wait for it (at most
+        ``wait`` s), so that this open gets the page cache — an open that shared the
+        save's spool would hold the kernel to it while open, refusing the next save."""
+        deadline = trio.current_time() + wait
+        while trio.current_time() < deadline:
+            with self._lock:
+                held = self._backing.get(inode)
+                if held is None or not held[2].closed_since_change():
+                    return
+            await trio.sleep(0.005)
 
     @staticmethod
     def _busy(path: str) -> pyfuse3.FUSEError:

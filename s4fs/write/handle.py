@@ -194,6 +194,11 @@ class WriteHandle:
                 pass
         return self.spool.size
 
+    def closed_since_change(self) -> bool:
+        """Whether a close() (flush) came after the last change: the save is done unless
+        another descriptor writes on."""
+        return self.state is not State.STREAMING
+
     def written_behind(self) -> None:
         """From now on the kernel writes into the spool directly (FUSE passthrough): no
         write request reaches the handle. Called before the first such write."""

@@ -161,6 +161,26 @@ def test_an_overwrite_while_another_process_reads_stays_on_write_requests(pt_mou
     assert log_of(pt_mount).count("shared.bin: written through FUSE passthrough") == 1
 
 
+def test_a_reader_opening_right_after_the_save_leaves_the_next_save_free(pt_mount):
+    """A reader that opens the file the moment its passthrough save's close() returns
+    (before the kernel's release reaches the daemon) gets the page cache, not the
+    save's spool: holding it open does not refuse the next save of the path."""
+    p = os.path.join(pt_mount.path, "eval.pt")
+    versions = [data(f"v{k}", 2 * MiB + k) for k in range(4)]
+    readers = []
+    try:
+        for k, v in enumerate(versions):
+            with open(p, "wb") as f:
+                f.write(v)
+            r = open(p, "rb")                     # at once, and kept open
+            readers.append(r)
+            assert r.read() == v
+        assert open(p, "rb").read() == versions[-1]
+    finally:
+        for r in readers:
+            r.close()
+
+
 def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whole(
         pt_mount, tmp_path):
     """A reader that opened the file during a passthrough save holds the kernel to that
