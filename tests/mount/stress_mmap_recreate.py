@@ -24,6 +24,8 @@ default options turns the writeback cache on, which is why it looked immune at f
 With ``--after-close`` readers map only a file whose writer has closed it (what
 ``torch.load(mmap=True)`` of a finished checkpoint does): no SIGBUS on s4fs (2996 ops;
 ``--writeback --kinds recreate,rename``: 2634 ops) nor on ``passthrough_hp`` (3780 ops).
+With ``--writeback --passthrough`` (the kernel maps the spool itself): no SIGBUS in 1534
++ 1126 ops, readers mapping at any time (2026-12-03, recreate and rename).
 docs/SEMANTICS.md says what users get.
 """
 
@@ -133,6 +135,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=150)
     ap.add_argument("--kinds", default="recreate")
     ap.add_argument("--writeback", action="store_true")
+    ap.add_argument("--passthrough", action="store_true",
+                    help="with --writeback: mount --passthrough (PYTHONPATH must name a "
+                         "pyfuse3 built with it, e.g. .venv/pyfuse3-passthrough/site)")
     ap.add_argument("--load", type=int, default=2, help="busy loops beside it")
     ap.add_argument("--local", help="run on this local folder instead of a mount")
     ap.add_argument("--keep-open", action="store_true",
@@ -152,7 +157,9 @@ def main():
             dirs = [os.path.join(work, n) for n in ("store", "mnt", "cache")]
             for d in dirs:
                 os.mkdir(d)
-            m = Mount(*dirs, extra=("--writeback",) if args.writeback else ())
+            extra = ("--writeback",) if args.writeback else ()
+            extra += ("--passthrough",) if args.passthrough else ()
+            m = Mount(*dirs, extra=extra)
             m.start()
             try:
                 return 1 if run(m.path, args.seconds, args.kinds.split(","),
