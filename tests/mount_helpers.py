@@ -112,6 +112,22 @@ def mount_factory(tmp_path):
             m.stop()
 
 
+@pytest.fixture
+def pt_site(monkeypatch):
+    """The pyfuse3 built with FUSE passthrough (``make test`` builds it and names it in
+    S4FS_PYFUSE3_PASSTHROUGH), first on the PYTHONPATH of the mount daemons this test
+    starts. Skipped outside ``make test``; a failure under CI."""
+    site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
+    if not site or not os.path.isdir(site):
+        if os.environ.get("CI"):
+            pytest.fail("S4FS_PYFUSE3_PASSTHROUGH names no pyfuse3 built with passthrough "
+                        "(make test builds it)")
+        pytest.skip("no pyfuse3 built with passthrough (run the suite through make test)")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [site] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    return site
+
+
 @pytest.fixture(scope="session")
 def s3_server_process():
     """moto's S3 server in a process of its own, on a free loopback port.

@@ -581,10 +581,15 @@ def fresh_mmap_digest(path: str) -> str:
             return hashlib.sha256(mm[:]).hexdigest()
 
 
+# and the experimental --writeback --passthrough (its daemon needs the pyfuse3 built
+# with passthrough: pt_site)
+ORACLE_MODES = {**MODES, "passthrough": ("--writeback", "--passthrough")}
+
+
 @pytest.mark.parametrize("seed", ORACLE_SEEDS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ORACLE_MODES)
 def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
-        mount_factory, tmp_path, mode, seed):
+        mount_factory, tmp_path, mode, seed, request):
     """One writer applies a seeded series of changes (unaligned in-place overwrites,
     appends, truncates, rename over, unlink and recreate) to the mount and to a local
     folder side by side, while two reader processes keep reading both through long-lived
@@ -593,7 +598,9 @@ def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
     bytes that are not a slice of a version of that file."""
     import concurrent.futures
     import hashlib
-    m = mount_factory(extra=MODES[mode])
+    if mode == "passthrough":
+        request.getfixturevalue("pt_site")
+    m = mount_factory(extra=ORACLE_MODES[mode])
     local = tmp_path / "local"
     local.mkdir()
     roots = {"mount": m.path, "local": str(local)}

@@ -33,19 +33,6 @@ def data(seed: str, n: int) -> bytes:
 
 
 @pytest.fixture
-def pt_site(monkeypatch):
-    site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
-    if not site or not os.path.isdir(site):
-        if os.environ.get("CI"):
-            pytest.fail("S4FS_PYFUSE3_PASSTHROUGH names no pyfuse3 built with passthrough "
-                        "(make test builds it)")
-        pytest.skip("no pyfuse3 built with passthrough (run the suite through make test)")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [site] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-    return site
-
-
-@pytest.fixture
 def pt_mount(pt_site, mount_factory):
     m = mount_factory(extra=["--writeback", "--passthrough", "-v"])
     return m
