@@ -122,7 +122,8 @@ def _hwm(pid: str) -> int:
 def daemon_hwm(mountpoint: str) -> int:
     """Peak RSS of the mount daemon plus that of each of its coding worker processes
     (peaks summed: an upper bound of what the mount held at once)."""
-    out = subprocess.run(["pgrep", "-f", f"s4fs.cli mount .* {mountpoint}"],
+    import re
+    out = subprocess.run(["pgrep", "-f", f"s4fs.cli mount .* {re.escape(mountpoint)}"],
                          capture_output=True, text=True).stdout.split()
     best = 0
     for pid in out:
