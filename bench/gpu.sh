@@ -28,8 +28,10 @@
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
-# the offline kit in .offline-kit/ (`bash ../shared/tools/make-offline-kit.sh`: the GPU
-# machine has no network) and, for codec and ingest, the MiniLM weights subset in
+# an offline kit in .offline-kit/ (the GPU machine has no network: wheels of trio,
+# zstandard, xxhash, Cython, pyfuse3's source, libfuse3, nvCOMP, and a setup.sh that
+# installs them; fuse317/ from bench/build_fuse_c_floor.sh and
+# bench/build_pyfuse3_passthrough.sh) and, for codec and ingest, the MiniLM weights subset in
 # .gpubench/minilm-subset.safetensors (without it the codec bench falls back to
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
