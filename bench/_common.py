@@ -74,6 +74,16 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {load}"
 
 
+def passthrough_pyfuse3_env() -> dict:
+    """The environment of a FUSE daemon that imports the pyfuse3 built with passthrough
+    (``S4FS_PYFUSE3_PASSTHROUGH``: its site folder, first on PYTHONPATH)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                           else []))
+    return env
+
+
 def s4fs_cli(*args: str, timeout: float = 600, env: dict | None = None) -> None:
     """Run ``s4fs ARGS...`` (this interpreter's s4fs); raise with its stderr if it fails."""
     res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,

@@ -181,10 +181,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         flags.append("--writeback")
     if mode == "writeback+passthrough":       # the pyfuse3 built with passthrough
         flags.append("--passthrough")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
-                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                               else []))
+        from _common import passthrough_pyfuse3_env
+        env = passthrough_pyfuse3_env()
     cli("mount", store, mnt, *flags, env=env)
     res: dict = {"mode": mode, "save_m": [], "save_l": [], "warm_m": [], "warm_l": []}
     try:

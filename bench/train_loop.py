@@ -60,23 +60,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import du, machine, s4fs_cli, table  # noqa: E402
+from _common import du, machine, passthrough_pyfuse3_env, s4fs_cli, table  # noqa: E402
 
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
-         "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c", "fuse-passthrough+sync", "fuse-passthrough",
+         "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c",
+         "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-wb-pt", "mount-cuda",
          "mount-wb-cuda")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
-
-
-def _with_passthrough_pyfuse3() -> dict:
-    """The environment of a daemon that imports the pyfuse3 built with passthrough."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.environ["S4FS_PYFUSE3_PASSTHROUGH"]]
-                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                           else []))
-    return env
 
 
 class Trainer:
@@ -132,7 +124,7 @@ class Mode:
         self.floor = None
         if name.startswith("fuse-floor"):
             here = os.path.dirname(os.path.abspath(__file__))
-            env = _with_passthrough_pyfuse3() if "-pt" in name else None
+            env = passthrough_pyfuse3_env() if "-pt" in name else None
             self._start_floor([sys.executable, os.path.join(here, "_fuse_floor.py")],
                               (["--fsync"] if name.endswith("+sync") else [])
                               + (["--kernel-cache"] if "-kc" in name else [])
@@ -149,7 +141,7 @@ class Mode:
             env = None
             if "-pt" in name:           # mount --passthrough: the patched pyfuse3
                 extra.append("--passthrough")
-                env = _with_passthrough_pyfuse3()
+                env = passthrough_pyfuse3_env()
             s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
                      os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []),
                      env=env)

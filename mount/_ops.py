@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -26,6 +27,31 @@ log = logging.getLogger("s4fs.mount")
 # registers a backing file for FUSE passthrough (the ioctl returns its id);
 # _IOW(229, 2, u32) drops an id
 _BACKING_OPEN, _BACKING_CLOSE = 0x4010E501, 0x4004E502
+
+
+def _register_backing(path: str) -> int:
+    """Hand the kernel the file at ``path`` as a backing file; its id. Raises OSError
+    where the kernel refuses (no passthrough, not CAP_SYS_ADMIN)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_OPEN,
+                           bytearray(struct.pack("=iIQ", fd, 0, 0)), True)
+    finally:
+        os.close(fd)
+
+
+def _unregister_backing(backing_id: int) -> None:
+    fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_CLOSE,
+                bytearray(struct.pack("=I", backing_id)), True)
+
+
+@dataclasses.dataclass
+class _Backing:
+    """The spool of a passthrough save, as the kernel holds it for one inode."""
+    id: int
+    handle: WriteHandle       # the save whose spool it is
+    opens: int = 1            # descriptors of the inode using it (the save's and readers')
+    released: bool = False    # the save's own descriptors are all closed
 
 
 def _fuse_errors(fn):
@@ -152,7 +178,7 @@ class S4Operations(pyfuse3.Operations):
         self._open_nodes: dict[int, tuple[object, int]] = {}    # inode -> (node, opens)
         # passthrough: the backing file the kernel holds per inode, while any open uses
         # it (the kernel allows one per inode, and no cached open beside it)
-        self._backing: dict[int, list] = {}             # inode -> [id, opens, its handle]
+        self._backing: dict[int, _Backing] = {}                  # inode -> its backing
         self._fh_backing: dict[int, int] = {}                    # fh -> inode
         fs.on_invalidate = self._invalidate
 
@@ -533,33 +559,28 @@ class S4Operations(pyfuse3.Operations):
             return 0
         with self._lock:
             held = self._backing.get(inode)
-            if held is not None:
-                if held[2] is handle:     # another descriptor of the same save
-                    held[1] += 1
-                    return held[0]
-                stale = True
-            else:
-                stale = False
-        if stale:
+            if held is not None and held.handle is handle:   # another descriptor of it
+                held.opens += 1
+                return held.id
+        if held is not None:
             # a new save that never starts: the file stays as it is
-            handle.abort() if handle.refs <= 1 else handle.release()
+            if handle.refs <= 1:
+                handle.abort()
+            else:
+                handle.release()
             raise self._busy(handle.path)
         with self._lock:
             if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
                 return 0                  # others have it open without passthrough
-        fd = os.open(handle.spool.name, os.O_RDWR)
         try:
-            bid = fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_OPEN,
-                              bytearray(struct.pack("=iIQ", fd, 0, 0)), True)
+            bid = _register_backing(handle.spool.name)
         except OSError as exc:
             log.warning("FUSE passthrough refused (%s): %s stays on write requests",
                         exc, handle.path)
             return 0
-        finally:
-            os.close(fd)
         handle.written_behind()
         with self._lock:
-            self._backing[inode] = [bid, 1, handle]
+            self._backing[inode] = _Backing(bid, handle)
         log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
         return bid
 
@@ -572,7 +593,7 @@ class S4Operations(pyfuse3.Operations):
         while trio.current_time() < deadline:
             with self._lock:
                 held = self._backing.get(inode)
-                if held is None or not held[2].closed_since_change():
+                if held is None or not held.handle.closed_since_change():
                     return
             await trio.sleep(0.005)
 
@@ -591,7 +612,7 @@ class S4Operations(pyfuse3.Operations):
         """Whether ``inode`` is passed through to a save whose descriptors are all gone."""
         with self._lock:
             held = self._backing.get(inode)
-            return held is not None and held[2].refs <= 0
+            return held is not None and held.handle.refs <= 0
 
     def _share_backing(self, inode: int) -> int:
         """Another open of an inode the kernel already passes through: the same id."""
@@ -599,24 +620,23 @@ class S4Operations(pyfuse3.Operations):
             held = self._backing.get(inode)
             if held is None:
                 return 0
-            held[1] += 1
-            return held[0]
+            held.opens += 1
+            return held.id
 
     def _drop_backing(self, inode: int) -> None:
         with self._lock:
             held = self._backing.get(inode)
             if held is None:
                 return
-            held[1] -= 1
-            if held[2].refs <= 0 and not held[2].passthrough_done:
-                held[2].passthrough_done = True   # its last descriptor is gone
+            held.opens -= 1
+            if held.handle.refs <= 0 and not held.released:
+                held.released = True
                 log.info("%s: the passthrough save's descriptors are closed (%d other "
-                         "opens keep its spool)", held[2].path, held[1])
-            if held[1] > 0:
+                         "opens keep its spool)", held.handle.path, held.opens)
+            if held.opens > 0:
                 return
             del self._backing[inode]
         try:
-            fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_CLOSE,
-                        bytearray(struct.pack("=I", held[0])), True)
+            _unregister_backing(held.id)
         except OSError as exc:
-            log.warning("dropping backing id %d of inode %d: %s", held[0], inode, exc)
+            log.warning("dropping backing id %d of inode %d: %s", held.id, inode, exc)

@@ -148,7 +148,6 @@ class WriteHandle:
         # FUSE passthrough (s4fs.mount): the kernel writes into the spool itself and the
         # handle learns of it from the spool's size and mtime (see behind())
         self.passthrough = False
-        self.passthrough_done = False     # s4fs.mount: its last passthrough open is gone
         self._seen: tuple[int, int] | None = None
         try:
             if initial is not None:
