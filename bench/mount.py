@@ -179,7 +179,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     env = None
     if mode.startswith("writeback"):
         flags.append("--writeback")
-    if mode == "writeback+passthrough":       # the pyfuse3 built with passthrough
+    if mode.endswith("passthrough"):          # the pyfuse3 built with passthrough
         flags.append("--passthrough")
         from _common import passthrough_pyfuse3_env
         env = passthrough_pyfuse3_env()
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="default,writeback",
                     help="commit modes, comma-separated: default (close() returns once the "
                          "file is in the store), writeback (once it is on local disk), "
-                         "writeback+passthrough (--writeback --passthrough: needs "
+                         "passthrough, writeback+passthrough (--passthrough: needs "
                          "S4FS_PYFUSE3_PASSTHROUGH, a pyfuse3 built with it — make test "
                          "builds one in .venv/pyfuse3-passthrough/site)")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],

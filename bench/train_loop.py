@@ -26,7 +26,8 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   ``fuse-floor-pt``, ``fuse-floor-pt+sync``: the same pyfuse3 daemon with the kernel's FUSE
   passthrough (pyfuse3 patched for it: ``bash bench/build_pyfuse3_passthrough.sh DEST``,
   then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it);
-  ``mount-wb-pt``: the mount with ``--writeback --passthrough`` (the same pyfuse3).
+  ``mount-pt``, ``mount-wb-pt`` (and their ``-cuda`` variants): the mount with
+  ``--passthrough``, default mode and ``--writeback`` (the same pyfuse3).
 * ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
   whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
@@ -66,8 +67,8 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c",
          "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
-         "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-wb-pt", "mount-cuda",
-         "mount-wb-cuda")
+         "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-pt", "mount-wb-pt",
+         "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
 
 
@@ -312,7 +313,7 @@ def main(argv=None) -> int:
             print(f"# no S4FS_PASSTHROUGH_HP (bench/build_fuse_c_floor.sh): "
                   f"{', '.join(skipped)} left out")
     if not os.environ.get("S4FS_PYFUSE3_PASSTHROUGH"):
-        skipped = [m for m in modes if m.startswith("fuse-floor-pt") or m.endswith("-pt")]
+        skipped = [m for m in modes if m.startswith("fuse-floor-pt") or "-pt" in m]
         modes = [m for m in modes if m not in skipped]
         if skipped:
             print(f"# no S4FS_PYFUSE3_PASSTHROUGH (bench/build_pyfuse3_passthrough.sh): "

@@ -184,12 +184,8 @@ def _notify(msg: str) -> None:
             pass
 
 
-def passthrough_problem(*, writeback: bool) -> str | None:
+def passthrough_problem() -> str | None:
     """Why ``--passthrough`` cannot be used here (a message for the user), or None."""
-    if not writeback:
-        return ("--passthrough needs --writeback (the default mode codes a file while its "
-                "bytes arrive, which passthrough hides from s4fs): add --writeback, or "
-                "leave --passthrough out")
     import pyfuse3
     if not hasattr(pyfuse3, "get_session_fd"):
         return ("--passthrough needs pyfuse3 built with FUSE passthrough (`make "
@@ -212,7 +208,7 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     if passthrough:
-        problem = passthrough_problem(writeback=fs.cfg.writeback)
+        problem = passthrough_problem()
         if problem:
             raise S4Error(problem)
         ops.enable_passthrough = True

@@ -554,8 +554,7 @@ class S4Operations(pyfuse3.Operations):
         """A write open of ``inode``: the backing id of its spool for the kernel, or 0 to
         stay on write requests (passthrough off, a writer already on requests, readers
         open with the kernel's page cache, or the kernel refused)."""
-        if not self.enable_passthrough or not isinstance(handle, WriteHandle) \
-                or not handle.writeback:
+        if not self.enable_passthrough or not isinstance(handle, WriteHandle):
             return 0
         with self._lock:
             held = self._backing.get(inode)

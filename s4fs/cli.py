@@ -67,7 +67,7 @@ def cmd_mount(args) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
     if args.passthrough:
         from s4fs.mount import passthrough_problem
-        problem = passthrough_problem(writeback=args.writeback)
+        problem = passthrough_problem()
         if problem:
             from s4fs.errors import InvalidArgument
             raise InvalidArgument(problem)

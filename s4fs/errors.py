@@ -36,6 +36,12 @@ class FormatError(CodecError):
     """The bytes are not an s4fs blob (wrong magic, truncated, inconsistent header)."""
 
 
+class SpoolChanged(CodecError):
+    """The bytes of a file being saved changed while its chunks were being coded (a
+    rewrite the coder could not see in time): that coding is void and the file must be
+    ingested again from its spool."""
+
+
 class UnsupportedVersionError(CodecError):
     """The blob was written by a newer s4fs (or a codec this build does not know)."""
 

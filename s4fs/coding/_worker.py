@@ -11,7 +11,7 @@ import threading
 
 from s4fs.coding._bases import base_bytes
 from s4fs.coding._jobs import Item, Job
-from s4fs.errors import CodecError
+from s4fs.errors import CodecError, SpoolChanged
 
 _stores: dict[bytes, object] = {}
 _sources: dict[bytes, object] = {}
@@ -102,8 +102,8 @@ def read_item(fd: int, item: Item) -> bytes:
     return b"".join(_pread_all(fd, o, n) for o, n in item.ranges)
 
 
-def spool_changed() -> CodecError:
-    return CodecError("internal error: the spool changed while its chunks were being "
+def spool_changed() -> SpoolChanged:
+    return SpoolChanged("internal error: the spool changed while its chunks were being "
                       "coded; the file was not stored")
 
 

@@ -50,10 +50,13 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
+import xxhash
+
 from s4fs import metrics
-from s4fs.errors import S4Error
+from s4fs.errors import S4Error, SpoolChanged
 from s4fs.write.ingest import IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.parse import looks_complete
@@ -97,6 +100,21 @@ class WriterPort(Protocol):
         """``w`` closed or failed: the file is its last committed version again."""
 
 _STEP = 4 << 20           # bytes the ingest thread reads from the spool at a time
+_FOLLOW = 0.005           # s between looks at a spool the kernel writes (passthrough)
+
+
+class _Checks:
+    """The process-wide threads that hash a passthrough spool again at its commit
+    (pread and xxhash release the GIL)."""
+
+    _pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def pool(cls) -> ThreadPoolExecutor:
+        if cls._pool is None:
+            cls._pool = ThreadPoolExecutor(min(8, os.cpu_count() or 1),
+                                           thread_name_prefix="s4fs-check")
+        return cls._pool
 
 
 class State(enum.Enum):
@@ -142,6 +160,9 @@ class WriteHandle:
         self._ingested = 0                # spool bytes the session has consumed
         self._claimed = 0                 # ... plus those the ingest thread is reading now
         self._stream_ok = True            # False once bytes it consumed were rewritten
+        # passthrough: (offset, length, xxh3-64) of each step the ingest thread read; the
+        # commit checks them against the spool (a rewrite is invisible to the handle)
+        self._steps: list[tuple[int, int, int]] = []
         self._thread: threading.Thread | None = None
         self._stop = False
         self._same_bytes = False          # the spool holds exactly ``previous``'s bytes
@@ -204,6 +225,7 @@ class WriteHandle:
         with self._cond:
             self.passthrough = True
             self._seen = self._spool_stamp()
+            self._kick()                  # default mode: follow the spool as it grows
 
     def _spool_stamp(self) -> tuple[int, int]:
         st = os.fstat(self.spool.fd)
@@ -211,8 +233,10 @@ class WriteHandle:
 
     def behind(self) -> None:
         """(Under the lock.) Take in what the kernel wrote into the spool since the last
-        look: its size, and — when anything changed — a new version to commit whose
-        bytes were never streamed (the commit ingests the whole spool)."""
+        look: its size, and — when anything changed — a new version to commit. The
+        ingest thread follows the spool's size (default mode); what it read is checked
+        against the spool at the commit (:meth:`_steps_hold`), since a rewrite of bytes
+        it already read is invisible here."""
         if not self.passthrough or self.spool.fd < 0:
             return
         stamp = self._spool_stamp()
@@ -220,8 +244,8 @@ class WriteHandle:
             return
         self._seen = stamp
         self.spool.written_to(stamp[0])
-        self._stream_ok = False
         self._touch()
+        self._kick()
 
     @property
     def mtime(self) -> float:
@@ -440,28 +464,56 @@ class WriteHandle:
             self._check()
             s = self._session
             self._session = None
-            if s is None or not self._stream_ok:
-                if s is not None:
-                    s.abort()
-                s = self.fs.new_session(self.path, self.previous, self.spool.name)
-                start = 0
-            else:
-                start = self._ingested
-            try:
-                self._feed(s, start, self.spool.size)
-                m = s.finish(mode=self.mode, mtime_ns=self.mtime_ns, atime_ns=self.atime_ns)
-            except BaseException:
+            if s is not None and not (self._stream_ok and self._steps_hold()):
                 s.abort()
-                raise
+                s = None
+            try:
+                m = self._finish(s)
+            except SpoolChanged:
+                if s is None:
+                    raise
+                # bytes changed under the streaming coders (a rewrite they caught):
+                # ingest the whole spool again
+                m = self._finish(None)
             self.fs.commit(self.path, m)
         except BaseException:
             if self.state is State.COMMITTING:
                 self.state = before
             self._ingested = self._claimed = 0
+            self._steps = []
             self._stream_ok = False            # the next try ingests the whole spool
             self._stop = False
             raise
         self._committed(m)
+
+    def _finish(self, s: IngestSession | None) -> Manifest:
+        """Feed the spool's rest to the streaming session ``s`` (None: a new session, the
+        whole spool) and finish it; aborted if that fails."""
+        start = self._ingested
+        if s is None:
+            s = self.fs.new_session(self.path, self.previous, self.spool.name)
+            start = 0
+        try:
+            self._feed(s, start, self.spool.size)
+            return s.finish(mode=self.mode, mtime_ns=self.mtime_ns, atime_ns=self.atime_ns)
+        except BaseException:
+            s.abort()
+            raise
+
+    def _steps_hold(self) -> bool:
+        """Whether the spool still holds what the ingest thread read of it: always where
+        every write came as a request (a rewrite of read bytes cleared ``_stream_ok``);
+        under passthrough, each step's bytes hashed again, in parallel."""
+        if not self.passthrough:
+            return True
+        if self._ingested > self.spool.size:
+            return False
+        fd = self.spool.fd
+
+        def holds(step):
+            off, n, digest = step
+            return xxhash.xxh3_64_intdigest(os.pread(fd, n, off)) == digest
+        return all(_Checks.pool().map(holds, self._steps))
 
     def _commit_attrs(self, before: State) -> None:
         """Only mode or times changed since the last commit: a new manifest for the same
@@ -489,8 +541,11 @@ class WriteHandle:
         self.last_error = None
         # a later write starts a new version, ingested afresh from the whole spool
         self._ingested = self._claimed = 0
+        self._steps = []
         self._stream_ok = True
         self._stop = False
+        if self.passthrough:
+            self._kick()            # the kernel may write on: follow the next version
         now = time.monotonic()
         log.info("%s: committed %d bytes written in %d writes, %.3f s after the open%s",
                  self.path, m.size, self.nwrites, now - self.opened,
@@ -593,8 +648,13 @@ class WriteHandle:
             while True:
                 with self._cond:
                     while not self._stop and self.error is None and (
-                            not self._stream_ok or self._ingested >= self.spool.frontier):
-                        self._cond.wait()
+                            not self._stream_ok or self.state is not State.STREAMING
+                            or self._ingested >= self.spool.frontier):
+                        if self.passthrough:     # no write request says it grew: look
+                            self._cond.wait(_FOLLOW)
+                            self.behind()
+                        else:
+                            self._cond.wait()
                     if self._stop or self.error is not None:
                         return
                     lo = self._ingested
@@ -606,20 +666,28 @@ class WriteHandle:
                     with self._cond:
                         self._session = s
                 data = os.pread(self.spool.fd, hi - lo, lo)
+                step = (lo, len(data), xxhash.xxh3_64_intdigest(data)) \
+                    if self.passthrough else None
                 s.write(data, stable=True)
                 with self._cond:
                     if self._stream_ok:
                         self._ingested = lo + len(data)
+                        if step is not None:
+                            self._steps.append(step)
                     self._claimed = self._ingested
         except BaseException as exc:       # a failed upload, a codec error, ...
             with self._cond:
-                if self.writeback:
-                    # the commit ingests the spool again, and retries until it works
+                changed = isinstance(exc, SpoolChanged)
+                if self.writeback or changed:
+                    # the commit ingests the whole spool again (writeback: and retries
+                    # until it works). SpoolChanged: bytes were rewritten under the
+                    # coders, which passthrough hides from the handle
                     if self._session is not None:
                         self._session.abort()
                         self._session = None
                     self._stream_ok = False
-                    self.last_error = exc
+                    if not changed:
+                        self.last_error = exc
                 else:
                     self._fail(exc)
         finally:

@@ -1,7 +1,9 @@
-"""``mount --writeback --passthrough``: the kernel writes a file being saved straight into
-its spool (FUSE passthrough), the daemon sees no write request, and everything else
-holds as on the request path: the bytes that come back, what is committed, readers of
-the file while it is written, truncates, a crash after close().
+"""``mount --passthrough`` (default mode and ``--writeback``): the kernel writes a file
+being saved straight into its spool (FUSE passthrough), the daemon sees no write
+request, and everything else holds as on the request path: the bytes that come back,
+what is committed, readers of the file while it is written, truncates, a crash after
+close(). In the default mode the daemon follows the spool as it grows and codes it
+meanwhile; the commit at close() stores the spool's final bytes, rewrites included.
 
 Needs pyfuse3 built with passthrough (``make test`` builds it beside the venv's own and
 names it in S4FS_PYFUSE3_PASSTHROUGH; the daemon imports it through PYTHONPATH)."""
@@ -32,10 +34,15 @@ def data(seed: str, n: int) -> bytes:
     return bytes(out[:n])
 
 
+@pytest.fixture(params=["default", "writeback"])
+def pt_mount(request, pt_site, mount_factory):
+    mode = ["--writeback"] if request.param == "writeback" else []
+    return mount_factory(extra=[*mode, "--passthrough", "-v"])
+
+
 @pytest.fixture
-def pt_mount(pt_site, mount_factory):
-    m = mount_factory(extra=["--writeback", "--passthrough", "-v"])
-    return m
+def pt_wb_mount(pt_site, mount_factory):
+    return mount_factory(extra=["--writeback", "--passthrough", "-v"])
 
 
 def log_of(m: Mount) -> str:
@@ -52,7 +59,22 @@ def remounted(m: Mount, tmp_path, name: str) -> Mount:
     committed everything and is gone: what the store holds."""
     m.sync()
     m.stop()
-    plain = Mount(m.store, str(tmp_path / name), str(tmp_path / f"cache-{name}"))
+    return plain_mount(m.store, tmp_path, name)
+
+
+def stored(store: str, tmp_path, name: str) -> bytes:
+    """File ``name`` as a plain mount of ``store`` reads it (the daemon that wrote it gone)."""
+    plain = plain_mount(store, tmp_path)
+    try:
+        with open(os.path.join(plain.path, name), "rb") as f:
+            return f.read()
+    finally:
+        plain.stop()
+
+
+def plain_mount(store: str, tmp_path, name: str = "plain") -> Mount:
+    """A plain mount (no passthrough, no writeback) of ``store``: what the store holds."""
+    plain = Mount(store, str(tmp_path / name), str(tmp_path / f"cache-{name}"))
     os.makedirs(plain.path)
     os.makedirs(plain.cache)
     plain.start()
@@ -233,10 +255,11 @@ def test_temp_file_renamed_over_and_chmodded_through_passthrough(pt_mount, tmp_p
         plain.stop()
 
 
-def test_a_file_accepted_through_passthrough_survives_a_crash(pt_mount, tmp_path):
-    """close() returned, then the daemon is killed: the journal has the spool's size
-    (read from the file, not from write requests), and the file is committed after the
-    mount comes back."""
+def test_a_file_accepted_through_passthrough_survives_a_crash(pt_wb_mount, tmp_path):
+    """--writeback: close() returned, then the daemon is killed: the journal has the
+    spool's size (read from the file, not from write requests), and the file is
+    committed after the mount comes back."""
+    pt_mount = pt_wb_mount
     p = os.path.join(pt_mount.path, "crash.bin")
     want = data("crash", 6 * MiB + 9)
     with open(p, "wb") as f:
@@ -250,19 +273,12 @@ def test_a_file_accepted_through_passthrough_survives_a_crash(pt_mount, tmp_path
         assert open(p, "rb").read() == want
     finally:
         pt_mount.stop()
-    plain = Mount(pt_mount.store, str(tmp_path / "plain"), str(tmp_path / "cache-plain"))
-    os.makedirs(plain.path)
-    os.makedirs(plain.cache)
-    plain.start()
-    try:
-        assert open(os.path.join(plain.path, "crash.bin"), "rb").read() == want
-    finally:
-        plain.stop()
+    assert stored(pt_mount.store, tmp_path, "crash.bin") == want
 
 
 def test_passthrough_says_what_it_needs(tmp_path, monkeypatch):
-    """Without --writeback, or with a pyfuse3 that cannot ask for passthrough, the mount
-    refuses at once, saying what to do."""
+    """With a pyfuse3 that cannot ask for passthrough, the mount refuses at once, saying
+    what to do."""
     monkeypatch.delenv("PYTHONPATH", raising=False)
     mp = tmp_path / "mnt"
     mp.mkdir()
@@ -276,11 +292,63 @@ def test_passthrough_says_what_it_needs(tmp_path, monkeypatch):
                            capture_output=True, text=True, timeout=120)
         return r, time.monotonic() - t
 
-    r, took = mount()
-    assert r.returncode != 0 and "--passthrough needs --writeback" in r.stderr
-    assert not os.path.ismount(mp)
     import pyfuse3
-    if not hasattr(pyfuse3, "get_session_fd"):        # the venv's own, stock pyfuse3
-        r, took = mount("--writeback")
+    if hasattr(pyfuse3, "get_session_fd"):
+        pytest.skip("this venv's own pyfuse3 is the passthrough build")
+    for mode in ([], ["--writeback"]):
+        r, took = mount(*mode)
         assert r.returncode != 0 and "pyfuse3 built with FUSE passthrough" in r.stderr
         assert took < 30 and not os.path.ismount(mp)
+
+
+@pytest.fixture
+def pt_default_mount(pt_site, mount_factory):
+    return mount_factory(extra=["--passthrough", "-v"])
+
+
+def test_default_mode_passthrough_save_is_in_the_store_when_close_returns(
+        pt_default_mount, tmp_path):
+    """Default mode: when torch.save's close() returns, the checkpoint (a model and its
+    AdamW state) is in the store — the daemon killed right after, a plain mount of the
+    store reads it back bit-exact."""
+    m = pt_default_mount
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                torch.nn.Linear(2048, 512))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 512)).sum().backward()
+    opt.step()
+    p = os.path.join(m.path, "ckpt_1.pt")
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, p)
+    raw = open(p, "rb").read()
+    assert passed_through(m, "ckpt_1.pt")
+    m.kill9()
+    m.stop()
+    assert stored(m.store, tmp_path, "ckpt_1.pt") == raw
+
+
+def test_a_rewrite_of_bytes_the_daemon_already_coded_is_stored_as_rewritten(
+        pt_default_mount, tmp_path):
+    """Default mode: the daemon codes a passthrough file while it grows, and cannot see
+    a later rewrite of bytes it already took (same size, no write request): the commit
+    finds it and stores the file's final bytes — here a header patched after the body
+    is written, as zip writers do, and a hole filled late."""
+    m = pt_default_mount
+    p = os.path.join(m.path, "patched.bin")
+    body = data("body", 24 * MiB + 11)
+    local = tmp_path / "local.bin"
+    for path, pause in ((p, 1.0), (str(local), 0)):
+        with open(path, "wb", buffering=0) as f:
+            f.seek(30 * MiB)
+            f.write(b"tail")                      # a hole: read as zeros at first
+            f.seek(0)
+            f.write(body)
+            time.sleep(pause)                     # the daemon has read and coded it
+            f.seek(MiB)
+            f.write(data("patch", 4096))
+            f.seek(24 * MiB + 11)
+            f.write(data("fill", 6 * MiB - 11))
+    want = local.read_bytes()
+    assert open(p, "rb").read() == want
+    assert passed_through(m, "patched.bin")
+    m.stop()
+    assert stored(m.store, tmp_path, "patched.bin") == want

@@ -1,0 +1,157 @@
+"""A file whose bytes reach its spool behind the handle's back (FUSE passthrough: the
+kernel writes the spool itself, no write request) in the default mode: the handle's
+ingest thread follows the spool as it grows and codes it meanwhile, and the commit
+stores exactly the spool's final bytes — also when bytes already coded were rewritten
+or a hole read as zeros was filled later, which the handle cannot see happen.
+
+Here the test writes the spool through a descriptor of its own, as the kernel does."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import pytest
+import torch
+
+from s4fs.coding import IngestConfig
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.runtime import current
+from s4fs.stores import LocalStore
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pool():
+    yield
+    current().pools.close()
+
+
+@pytest.fixture(params=["threads", "processes"])
+def fs(request, tmp_path):
+    cfg = IngestConfig(processes=request.param == "processes", workers=2)
+    f = Filesystem(LocalStore(str(tmp_path / "store")),
+                   FsConfig(ingest=cfg, cache_dir=str(tmp_path / "cache")))
+    yield f
+    f.close()
+
+
+def stored_file(tmp_path, path: str) -> bytes:
+    """The file as a fresh filesystem on the same store reads it (no caches)."""
+    fresh = Filesystem(LocalStore(str(tmp_path / "store")), FsConfig(decoded_cache_bytes=0))
+    try:
+        r = fresh.open_read(path)
+        try:
+            return r.read(0, r.size + 1)
+        finally:
+            r.release()
+    finally:
+        fresh.close()
+
+
+def checkpoint(seed: int) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    model = {f"layer{i}.weight": torch.randn(1024, 1024, generator=g) for i in range(6)}
+    optim = {f"exp_avg{i}": torch.randn(1024, 1024, generator=g) * 1e-3 for i in range(2)}
+    buf = io.BytesIO()
+    torch.save({"model": model, "optim": optim, "step": seed}, buf)
+    return buf.getvalue()
+
+
+class Kernel:
+    """Writes a handle's spool directly, as the kernel does under passthrough."""
+
+    def __init__(self, handle) -> None:
+        self.h = handle
+        handle.written_behind()
+        self.fd = os.open(handle.spool.name, os.O_WRONLY)
+
+    def write(self, offset: int, data: bytes, piece: int = MiB) -> None:
+        for k in range(0, len(data), piece):
+            os.pwrite(self.fd, data[k:k + piece], offset + k)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        self.h.flush()            # close(): commits before it returns (default mode)
+        self.h.release()
+
+
+def coded_up_to(h, n: int, timeout: float = 30.0) -> None:
+    """Wait until the handle's ingest thread has taken the first ``n`` bytes."""
+    deadline = time.monotonic() + timeout
+    while h._ingested < n:
+        assert time.monotonic() < deadline, \
+            f"the ingest thread took {h._ingested} of {n} bytes written behind it"
+        time.sleep(0.01)
+
+
+def test_a_spool_written_behind_the_handle_is_coded_as_it_grows(fs, tmp_path):
+    """The ingest thread takes the bytes while they are written, before any close(), and
+    the commit stores them exactly."""
+    want = checkpoint(1)
+    h = fs.open_write("ckpt.pt")
+    k = Kernel(h)
+    k.write(0, want)
+    coded_up_to(h, len(want))            # no flush, no write request: it followed
+    k.close()
+    assert stored_file(tmp_path, "ckpt.pt") == want
+    assert fs.manifest("ckpt.pt").kind == "torch-zip"
+
+
+def test_bytes_rewritten_after_they_were_coded_are_stored_as_rewritten(fs, tmp_path):
+    """A patch of bytes the ingest thread already coded (same size: nothing the handle
+    sees but the spool's mtime) is in the stored file, not the first bytes."""
+    first = checkpoint(2)
+    h = fs.open_write("ckpt.pt")
+    k = Kernel(h)
+    k.write(0, first)
+    coded_up_to(h, len(first))
+    patch = os.urandom(5000)
+    k.write(3 * MiB + 17, patch)
+    k.close()
+    want = first[:3 * MiB + 17] + patch + first[3 * MiB + 17 + len(patch):]
+    assert stored_file(tmp_path, "ckpt.pt") == want
+
+
+def test_a_hole_coded_as_zeros_then_filled_is_stored_filled(fs, tmp_path):
+    """The end written first: the thread codes the hole before it as zeros; the bytes
+    written into it later are what is stored."""
+    body = checkpoint(3)
+    h = fs.open_write("ckpt.pt")
+    k = Kernel(h)
+    k.write(len(body), b"trailer")
+    coded_up_to(h, len(body))
+    k.write(0, body)
+    k.close()
+    assert stored_file(tmp_path, "ckpt.pt") == body + b"trailer"
+
+
+def test_a_truncate_below_what_was_coded_is_stored_short(fs, tmp_path):
+    """A shrink by truncate (a SETATTR the daemon does get) after the thread took the
+    bytes, then a different tail: stored as written."""
+    first = checkpoint(4)
+    h = fs.open_write("ckpt.pt")
+    k = Kernel(h)
+    k.write(0, first)
+    coded_up_to(h, len(first))
+    h.truncate(5 * MiB)
+    k.write(5 * MiB, b"other tail")
+    k.close()
+    assert stored_file(tmp_path, "ckpt.pt") == first[:5 * MiB] + b"other tail"
+
+
+def test_the_next_version_written_behind_after_a_commit_is_coded_again(fs, tmp_path):
+    """fsync commits the first bytes; more bytes written behind the handle afterwards
+    make a new version, followed and committed in turn."""
+    first, more = checkpoint(5), os.urandom(3 * MiB)
+    h = fs.open_write("log.bin")
+    k = Kernel(h)
+    k.write(0, first)
+    h.fsync()
+    assert stored_file(tmp_path, "log.bin") == first
+    k.write(len(first), more)
+    coded_up_to(h, len(first) + len(more))
+    k.close()
+    assert stored_file(tmp_path, "log.bin") == first + more
