@@ -19,7 +19,8 @@
 #           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
 #           default and --writeback on cpu and cuda, and the floor of a pyfuse3
 #           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some;
-#           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT;
+#           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT
+#           (TRAIN_PYSPY=0: the logs alone);
 #           TRAIN_GIB, TRAIN_EVERY, TRAIN_CKPTS: state size, steps, checkpoints (560 s)
 #   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
 #           local disk, through one --device cuda mount and with s4fs.dcp's

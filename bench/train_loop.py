@@ -227,8 +227,9 @@ class Mode:
 
 def _profiler(mode: Mode, folder: str | None):
     """py-spy recording the mount's daemon (and its worker processes) while the mode
-    runs, or None."""
-    if not folder or not mode.mountpoint or not shutil.which("py-spy"):
+    runs, or None (also with TRAIN_PYSPY=0: the daemon logs alone, nothing slowed)."""
+    if not folder or not mode.mountpoint or not shutil.which("py-spy") \
+            or os.environ.get("TRAIN_PYSPY") == "0":
         return None
     pid = next((int(p) for p in os.listdir("/proc") if p.isdigit()
                 and " mount " in _cmdline(p) and mode.mountpoint in _cmdline(p)
