@@ -20,6 +20,7 @@ from s4fs import keys
 from s4fs import metrics
 from s4fs.errors import S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
+from s4fs.write import fresh_spool_name
 
 log = logging.getLogger("s4fs.mount")
 
@@ -29,15 +30,11 @@ log = logging.getLogger("s4fs.mount")
 _BACKING_OPEN, _BACKING_CLOSE = 0x4010E501, 0x4004E502
 
 
-def _register_backing(path: str) -> int:
-    """Hand the kernel the file at ``path`` as a backing file; its id. Raises OSError
+def _register_backing(fd: int) -> int:
+    """Hand the kernel the file open at ``fd`` as a backing file; its id. Raises OSError
     where the kernel refuses (no passthrough, not CAP_SYS_ADMIN)."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_OPEN,
-                           bytearray(struct.pack("=iIQ", fd, 0, 0)), True)
-    finally:
-        os.close(fd)
+    return fcntl.ioctl(pyfuse3.get_session_fd(), _BACKING_OPEN,
+                       bytearray(struct.pack("=iIQ", fd, 0, 0)), True)
 
 
 def _unregister_backing(backing_id: int) -> None:
@@ -47,11 +44,27 @@ def _unregister_backing(backing_id: int) -> None:
 
 @dataclasses.dataclass
 class _Backing:
-    """The spool of a passthrough save, as the kernel holds it for one inode."""
+    """The file the kernel passes one inode through to: the spool of a save, or the
+    local whole copy of a committed version (the decoded cache) for readers."""
     id: int
-    handle: WriteHandle       # the save whose spool it is
-    opens: int = 1            # descriptors of the inode using it (the save's and readers')
-    released: bool = False    # the save's own descriptors are all closed
+    fd: int                           # the daemon's own descriptor of it (its identity)
+    handle: WriteHandle | None        # the save whose spool it is, if any
+    version: str | None = None        # else: the committed version it holds
+    name: str | None = None           # where it lies when outside the decoded cache
+    opens: int = 1                    # descriptors of the inode using it
+    released: bool = False            # the save's own descriptors are all closed
+    # held while the file changes hands (a save takes it over, a refresh rewrites it)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def holds(self) -> str | None:
+        """The committed version the file is exactly, or None (a save being written,
+        or one that failed)."""
+        return self.handle.committed_id() if self.handle is not None else self.version
+
+    def writing(self) -> bool:
+        """Whether the file is a save's spool that is still the file's content (being
+        written, accepted, or committed and not yet released)."""
+        return self.handle is not None and self.handle.live()
 
 
 def _fuse_errors(fn):
@@ -383,17 +396,19 @@ class S4Operations(pyfuse3.Operations):
         path = self._path(inode)
         acc = flags & os.O_ACCMODE
         if acc == os.O_RDONLY:
-            await self._after_closed_save(inode)
             handle = await self._run(self.fs.open_read, path)
-            bid = self._share_backing(inode)
+            try:
+                bid = self._backing_to_read(inode, handle)
+            except BaseException:
+                handle.release()
+                raise
+            self._hold(inode, handle.node)
             if bid:
-                # the file is being written through passthrough: this open must read the
-                # same backing file (its spool) — no kernel page cache beside it
-                self._hold(inode, handle.node)
+                # the kernel reads the file's spool or local copy itself (no page cache
+                # of the mount's own beside it)
                 fh = self._new_fh(handle, inode)
                 self._fh_backing[fh] = inode
                 return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=bid)
-            self._hold(inode, handle.node)
             if not handle.keep_cache:
                 # the kernel's cached attributes may be another version's (another
                 # mount's commit, seen by this open first): it asks again before use
@@ -403,8 +418,6 @@ class S4Operations(pyfuse3.Operations):
                                     keep_cache=handle.keep_cache)
         # create=True: the kernel may still hold an entry for a file whose first save
         # failed (never committed); opening it for writing starts it afresh
-        if self._stale_backing(inode):
-            raise self._busy(path)
         handle = await self._run(self.fs.open_write, path,
                                  truncate=bool(flags & os.O_TRUNC), create=True)
         bid = await self._run(self._backing_for, inode, handle)
@@ -553,74 +566,178 @@ class S4Operations(pyfuse3.Operations):
     def _backing_for(self, inode: int, handle) -> int:
         """A write open of ``inode``: the backing id of its spool for the kernel, or 0 to
         stay on write requests (passthrough off, a writer already on requests, readers
-        open with the kernel's page cache, or the kernel refused)."""
+        open with the kernel's page cache, or the kernel refused). Where the kernel
+        already passes the inode through to a file (readers hold it), that file becomes
+        the save's spool, written in place as on a local disk."""
         if not self.enable_passthrough or not isinstance(handle, WriteHandle):
             return 0
         with self._lock:
             held = self._backing.get(inode)
-            if held is not None and held.handle is handle:   # another descriptor of it
-                held.opens += 1
-                return held.id
+            if held is not None:
+                held.opens += 1           # it stays registered while this open uses it
+                if held.handle is handle:                    # another descriptor of it
+                    return held.id
         if held is not None:
+            try:
+                return self._take_over(held, handle)
+            except BaseException:
+                self._drop_backing(inode)
+                raise
+        with self._lock:
+            if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
+                return 0                  # others have it open without passthrough
+        fd = handle.spool.dup()
+        bid = self._register(fd, handle.path, "stays on write requests")
+        if not bid:
+            return 0
+        handle.written_behind()
+        with self._lock:
+            self._backing[inode] = _Backing(bid, fd, handle)
+        log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
+        return bid
+
+    @staticmethod
+    def _register(fd: int, path: str, otherwise: str) -> int:
+        """The backing id of the file open at ``fd`` (the caller's now), or 0 where the
+        kernel refuses (``fd`` closed, the log says what happens ``otherwise``)."""
+        try:
+            return _register_backing(fd)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("FUSE passthrough refused (%s): %s %s", exc, path, otherwise)
+            return 0
+
+    def _take_over(self, held: _Backing, handle: WriteHandle) -> int:
+        """A save of an inode the kernel passes through to ``held``'s file (readers of
+        the last version hold it): that file becomes the new spool — out of the decoded
+        cache, truncated if the open truncates — and readers see the new bytes land, as
+        on a local disk. Refused (EBUSY, nothing changed) where the file is not the
+        version the save starts from, or no longer named (docs/SEMANTICS.md)."""
+        truncate = handle.spool.size == 0
+        with held.lock:
+            version = held.holds()
+            name = None
+            if not held.writing() and (truncate or (
+                    version is not None and handle.committed_id() == version)):
+                name = self._out_of_cache(held, version)
+            if name is not None:
+                handle.use_spool(name, truncate=truncate)
+                handle.written_behind()
+                with self._lock:
+                    held.handle, held.version, held.released = handle, None, False
+                    held.name = None          # the spool's now: the save decides its fate
+        if name is None:
             # a new save that never starts: the file stays as it is
             if handle.refs <= 1:
                 handle.abort()
             else:
                 handle.release()
             raise self._busy(handle.path)
-        with self._lock:
-            if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
-                return 0                  # others have it open without passthrough
-        try:
-            bid = _register_backing(handle.spool.name)
-        except OSError as exc:
-            log.warning("FUSE passthrough refused (%s): %s stays on write requests",
-                        exc, handle.path)
+        log.info("%s: written through FUSE passthrough in place of the copy its readers "
+                 "hold (backing id %d)", handle.path, held.id)
+        return held.id
+
+    def _out_of_cache(self, held: _Backing, version: str | None) -> str | None:
+        """``held``'s file under a spool name of its own: moved out of the decoded cache
+        (where it is ``version``'s copy), or where an earlier move left it; None where
+        it has no name any more."""
+        st = os.fstat(held.fd)
+        ino = (st.st_dev, st.st_ino)
+        if held.name is not None:
+            try:
+                there = os.stat(held.name)
+                if (there.st_dev, there.st_ino) == ino:
+                    return held.name
+            except OSError:
+                pass
+        if self.fs.decoded is None or version is None:
+            return None
+        return self.fs.decoded.take(version, ino, fresh_spool_name(self.fs.spool_dir))
+
+    def _backing_to_read(self, inode: int, handle) -> int:
+        """A read open of ``inode``: the backing id the kernel reads it through, or 0
+        for the page cache. A file passed through already is read through the same file
+        (its spool while it is saved, or the copy of its version — brought to the
+        version this open reads if the file changed another way); a committed version
+        kept whole on local disk is passed through when no cached open is in the way."""
+        if not self.enable_passthrough:
             return 0
-        handle.written_behind()
         with self._lock:
-            self._backing[inode] = _Backing(bid, handle)
-        log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
+            held = self._backing.get(inode)
+            if held is not None:
+                held.opens += 1           # it stays registered while this open uses it
+            cached = self._open_nodes.get(inode, (None, 0))[1]
+        if held is not None:
+            try:
+                self._refresh(held, handle)
+            except BaseException:
+                self._drop_backing(inode)
+                raise
+            return held.id
+        fd = handle.local_file() if not cached else None
+        if fd is None:
+            return 0
+        fd = os.dup(fd)
+        bid = self._register(fd, handle.path, "is read through the daemon")
+        if not bid:
+            return 0
+        with self._lock:
+            other = self._backing.get(inode)      # another open registered one meanwhile
+            if other is None:
+                self._backing[inode] = _Backing(bid, fd, None, handle.version)
+            else:
+                other.opens += 1
+        if other is not None:
+            _unregister_backing(bid)
+            os.close(fd)
+            try:
+                self._refresh(other, handle)
+            except BaseException:
+                self._drop_backing(inode)
+                raise
+            return other.id
+        log.info("%s: read through FUSE passthrough (backing id %d)", handle.path, bid)
         return bid
 
-    async def _after_closed_save(self, inode: int, wait: float = 1.0) -> None:
-        """A reader opening a file whose passthrough save has just been closed: the
-        kernel sends that save's release after close() returns. Wait for it (at most
-        ``wait`` s), so that this open gets the page cache — an open that shared the
-        save's spool would hold the kernel to it while open, refusing the next save."""
-        deadline = trio.current_time() + wait
-        while trio.current_time() < deadline:
+    def _refresh(self, held: _Backing, handle) -> None:
+        """Bring ``held``'s file to the version ``handle`` reads, where the file changed
+        without going through it (a truncate by path, another mount's commit, a failed
+        save): the kernel takes no other file for the inode while readers hold this one,
+        so it is rewritten in place — those readers see the new version, as readers of
+        a local disk see a change — and kept as that version's local copy."""
+        with held.lock:
+            version = handle.version      # None: a save on requests, or one accepted
+            if held.writing() or (version is not None and held.holds() == version):
+                return
+            name = self._out_of_cache(held, held.holds())
+            fd = os.open(f"/proc/self/fd/{held.fd}", os.O_RDWR)
+            try:
+                size, pos = handle.size, 0
+                while pos < size:
+                    data = handle.read(pos, min(8 << 20, size - pos))
+                    if not data:
+                        break
+                    os.pwrite(fd, data, pos)
+                    pos += len(data)
+                os.ftruncate(fd, pos)
+            finally:
+                os.close(fd)
             with self._lock:
-                held = self._backing.get(inode)
-                if held is None or not held.handle.closed_since_change():
-                    return
-            await trio.sleep(0.005)
+                held.handle, held.version, held.name = None, version, name
+            if name is not None and version is not None and self.fs.decoded is not None \
+                    and self.fs.decoded.adopt_file(version, name, pos):
+                held.name = None          # back in the cache, as that version's copy
+        log.info("%s: the file its readers hold through FUSE passthrough now holds "
+                 "version %s", handle.path, version or "being written")
 
     @staticmethod
     def _busy(path: str) -> pyfuse3.FUSEError:
-        """The kernel passes this inode through to the spool of an earlier save, for
-        readers that opened it during that save: it takes no other backing file and no
-        open without one, and that spool is a committed version now — never written
-        into again."""
-        log.warning("%s: cannot be saved while a reader that opened it during its last "
-                    "save still has it open (FUSE passthrough allows one backing file per "
-                    "file): close that reader, or mount without --passthrough", path)
+        """The kernel passes this inode through to a file that cannot become the new
+        save's spool (not the version the save starts from, or gone from the decoded
+        cache): it takes no other backing file and no open without one."""
+        log.warning("%s: cannot be saved while readers hold an older copy of it through "
+                    "FUSE passthrough: close them, or mount without --passthrough", path)
         return pyfuse3.FUSEError(errno.EBUSY)
-
-    def _stale_backing(self, inode: int) -> bool:
-        """Whether ``inode`` is passed through to a save whose descriptors are all gone."""
-        with self._lock:
-            held = self._backing.get(inode)
-            return held is not None and held.handle.refs <= 0
-
-    def _share_backing(self, inode: int) -> int:
-        """Another open of an inode the kernel already passes through: the same id."""
-        with self._lock:
-            held = self._backing.get(inode)
-            if held is None:
-                return 0
-            held.opens += 1
-            return held.id
 
     def _drop_backing(self, inode: int) -> None:
         with self._lock:
@@ -628,7 +745,7 @@ class S4Operations(pyfuse3.Operations):
             if held is None:
                 return
             held.opens -= 1
-            if held.handle.refs <= 0 and not held.released:
+            if held.handle is not None and held.handle.refs <= 0 and not held.released:
                 held.released = True
                 log.info("%s: the passthrough save's descriptors are closed (%d other "
                          "opens keep its spool)", held.handle.path, held.opens)
@@ -639,3 +756,9 @@ class S4Operations(pyfuse3.Operations):
             _unregister_backing(held.id)
         except OSError as exc:
             log.warning("dropping backing id %d of inode %d: %s", held.id, inode, exc)
+        os.close(held.fd)
+        if held.name is not None:         # a copy no cache keeps
+            try:
+                os.unlink(held.name)
+            except OSError:
+                pass

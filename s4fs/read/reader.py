@@ -487,6 +487,13 @@ class ReadHandle:
     def size(self) -> int:
         return self._reader.size if self._reader is not None else self._size_fn()
 
+    def local_file(self) -> int | None:
+        """The descriptor of a whole local copy of the committed version this handle
+        reads (the decoded cache), or None (a spool, or the store)."""
+        if self._reader is None and self._m is not None and self._fd is not None:
+            return self._fd
+        return None
+
     def read(self, offset: int, size: int) -> bytes:
         if self._reader is not None:
             buf = bytearray(max(0, min(size, self._reader.size - offset)))

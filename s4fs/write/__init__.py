@@ -19,7 +19,8 @@ from s4fs.write.committer import Committer
 from s4fs.write.handle import State, WriteHandle, WriterPort
 from s4fs.write.ingest import IngestSession, PackWriter
 from s4fs.write.journal import Entry, Journal
-from s4fs.write.spool import Spool
+from s4fs.write.spool import Spool, fresh_spool_name
 
 __all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "Spool", "State",
+           "fresh_spool_name",
            "WriteHandle", "WriterPort", "choose_base", "new_session"]

@@ -214,10 +214,24 @@ class WriteHandle:
                 pass
         return self.spool.size
 
-    def closed_since_change(self) -> bool:
-        """Whether a close() (flush) came after the last change: the save is done unless
-        another descriptor writes on."""
-        return self.state is not State.STREAMING
+    def live(self) -> bool:
+        """Whether the spool is the file's content: not closed, not failed."""
+        return self.state not in (State.CLOSED, State.FAILED)
+
+    def use_spool(self, name: str, *, truncate: bool) -> None:
+        """(FUSE passthrough) The kernel already passes this file through to the file at
+        ``name`` (readers hold it: a copy of the version this handle starts from): that
+        file becomes the spool, emptied if the open truncated the file."""
+        with self._cond:
+            spool = Spool.reopen(name, self.path, make_room=self.fs.make_room)
+            try:
+                if truncate:
+                    spool.truncate(0)
+            except BaseException:
+                spool.close()
+                raise
+            self.spool.close()
+            self.spool = spool
 
     def written_behind(self) -> None:
         """From now on the kernel writes into the spool directly (FUSE passthrough): no
@@ -225,7 +239,7 @@ class WriteHandle:
         with self._cond:
             self.passthrough = True
             self._seen = self._spool_stamp()
-            self._kick()                  # default mode: follow the spool as it grows
+            self._kick()                  # follow the spool as it grows
 
     def _spool_stamp(self) -> tuple[int, int]:
         st = os.fstat(self.spool.fd)
@@ -621,10 +635,12 @@ class WriteHandle:
     def _kick(self) -> None:
         """Wake (or start) the ingest thread: the written prefix grew.
 
-        A ``--writeback`` handle codes nothing while the file is being written: in one
-        Python process, coding next to the FUSE requests slows the writes themselves
-        (measured: 2.4x local disk on the H200 box), and what a writeback mount promises
-        is the shortest stall; the committer codes the whole spool once it is accepted."""
+        A ``--writeback`` handle fed by write requests codes nothing while the file is
+        being written: in one Python process, coding next to the FUSE requests slows the
+        writes themselves (measured: 2.4x local disk on the H200 box), and what a
+        writeback mount promises is the shortest stall; the committer codes the whole
+        spool once it is accepted. Under passthrough no request reaches the daemon, so
+        both modes follow the spool (the committer then codes only what is left)."""
         if self.writeback:
             return
         if self._thread is None and not self._stop:
@@ -648,7 +664,8 @@ class WriteHandle:
             while True:
                 with self._cond:
                     while not self._stop and self.error is None and (
-                            not self._stream_ok or self.state is not State.STREAMING
+                            not self._stream_ok
+                            or self.state not in (State.STREAMING, State.SPOOLED)
                             or self._ingested >= self.spool.frontier):
                         if self.passthrough:     # no write request says it grew: look
                             self._cond.wait(_FOLLOW)

@@ -30,10 +30,16 @@ import bisect
 import errno
 import os
 import tempfile
+import uuid
 
 from s4fs.errors import NoSpace
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def fresh_spool_name(folder: str) -> str:
+    """A name for a spool in ``folder`` that no file has."""
+    return os.path.join(folder, f"spool-{uuid.uuid4().hex}")
 
 
 class Spool:

@@ -581,9 +581,10 @@ def fresh_mmap_digest(path: str) -> str:
             return hashlib.sha256(mm[:]).hexdigest()
 
 
-# and the experimental --writeback --passthrough (its daemon needs the pyfuse3 built
-# with passthrough: pt_site)
-ORACLE_MODES = {**MODES, "passthrough": ("--writeback", "--passthrough")}
+# and the experimental --passthrough, in both commit modes (its daemon needs the
+# pyfuse3 built with passthrough: pt_site)
+ORACLE_MODES = {**MODES, "passthrough": ("--passthrough",),
+                "writeback-passthrough": ("--writeback", "--passthrough")}
 
 
 @pytest.mark.parametrize("seed", ORACLE_SEEDS)
@@ -598,7 +599,7 @@ def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
     bytes that are not a slice of a version of that file."""
     import concurrent.futures
     import hashlib
-    if mode == "passthrough":
+    if "passthrough" in mode:
         request.getfixturevalue("pt_site")
     m = mount_factory(extra=ORACLE_MODES[mode])
     local = tmp_path / "local"

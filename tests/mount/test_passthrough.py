@@ -54,6 +54,22 @@ def passed_through(m: Mount, name: str) -> bool:
     return f"{name}: written through FUSE passthrough" in log_of(m)
 
 
+def wait_for_log(m: Mount, line: str, timeout: float = 20) -> None:
+    """Wait until the daemon's log has ``line`` (the kernel sends a release after the
+    close() that caused it has returned)."""
+    deadline = time.monotonic() + timeout
+    while line not in log_of(m):
+        assert time.monotonic() < deadline, f"never logged: {line}"
+        time.sleep(0.05)
+
+
+def remounted_store(m: Mount) -> str:
+    """``m``'s store, once ``m`` has committed everything and is gone."""
+    m.sync()
+    m.stop()
+    return m.store
+
+
 def remounted(m: Mount, tmp_path, name: str) -> Mount:
     """The same store on a plain mount (no passthrough, no writeback), once ``m`` has
     committed everything and is gone: what the store holds."""
@@ -153,21 +169,48 @@ def test_truncate_and_rewrite_through_passthrough_match_a_local_disk(pt_mount, t
         plain.stop()
 
 
-def test_an_overwrite_while_another_process_reads_stays_on_write_requests(pt_mount):
-    """The kernel allows no passthrough open beside cached ones: a save over a file that
-    another descriptor reads goes through write requests, and succeeds."""
+def test_a_save_over_a_file_readers_hold_is_written_in_place(pt_mount, tmp_path):
+    """A reader of a committed file reads its local copy through passthrough; a save
+    over it (the kernel allows one backing file per inode) takes that copy over as its
+    spool: the reader sees the new bytes, as on a local disk, and the store has them."""
     p = os.path.join(pt_mount.path, "shared.bin")
     old, new = data("old", 2 * MiB), data("new", 3 * MiB + 1)
     with open(p, "wb") as f:
         f.write(old)
     pt_mount.sync()
-    with open(p, "rb") as reader:
+    with open(p, "rb", buffering=0) as reader:     # no buffer of its own: the file
         assert reader.read(4096) == old[:4096]
         with open(p, "wb") as f:
             f.write(new)
+        reader.seek(0)
+        assert reader.read() == new
         assert open(p, "rb").read() == new
-    assert "shared.bin: written through FUSE passthrough" in log_of(pt_mount)  # the first
-    assert log_of(pt_mount).count("shared.bin: written through FUSE passthrough") == 1
+    assert "shared.bin: written through FUSE passthrough in place" in log_of(pt_mount)
+    assert stored(remounted_store(pt_mount), tmp_path, "shared.bin") == new
+
+
+def test_a_save_over_a_file_read_through_the_page_cache_stays_on_write_requests(
+        pt_site, mount_factory, tmp_path):
+    """A fresh node has no local copy to pass a reader through to: it reads through the
+    daemon and the kernel's page cache, and a save over the file while it is open goes
+    through write requests (the kernel allows no passthrough open beside cached ones),
+    and succeeds."""
+    writer = mount_factory(extra=["--passthrough"])
+    p = os.path.join(writer.path, "shared.bin")
+    old, new = data("old", 2 * MiB), data("new", 3 * MiB + 1)
+    with open(p, "wb") as f:
+        f.write(old)
+    writer.sync()
+    writer.stop()
+    fresh = mount_factory(store=writer.store, name="fresh", extra=["--passthrough", "-v"])
+    q = os.path.join(fresh.path, "shared.bin")
+    with open(q, "rb") as reader:
+        assert reader.read() == old
+        with open(q, "wb") as f:
+            f.write(new)
+        assert open(q, "rb").read() == new
+    assert "shared.bin: written through" not in log_of(fresh)
+    assert stored(remounted_store(fresh), tmp_path, "shared.bin") == new
 
 
 def test_a_reader_opening_right_after_the_save_leaves_the_next_save_free(pt_mount):
@@ -190,31 +233,51 @@ def test_a_reader_opening_right_after_the_save_leaves_the_next_save_free(pt_moun
             r.close()
 
 
-def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whole(
+def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_written_in_place(
         pt_mount, tmp_path):
-    """A reader that opened the file during a passthrough save holds the kernel to that
-    save's spool (one backing file per inode): the next save of the path fails with
-    EBUSY, saying why in the log, and changes nothing — the reader reads the first save
-    whole, so does a fresh open and the store; once the reader is closed, saving works."""
-    import errno
+    """A reader that opened the file during a passthrough save reads that save's spool,
+    which becomes the version's local copy; the next save takes it over: the reader
+    reads the new bytes from then on, as on a local disk."""
     p = os.path.join(pt_mount.path, "latest.pt")
+    first, second = data("first", 3 * MiB + 1), data("second", 2 * MiB)
+    w = open(p, "wb", buffering=0)
+    w.write(first[:MiB])
+    r = open(p, "rb", buffering=0)                # during the save
+    w.write(first[MiB:])
+    w.close()
+    assert r.read() == first
+    pt_mount.sync()
+    wait_for_log(pt_mount, "latest.pt: the passthrough save's descriptors are closed")
+    with open(p, "wb") as w2:
+        w2.write(second)
+    r.seek(0)
+    assert r.read() == second
+    r.close()
+    assert open(p, "rb").read() == second
+    assert stored(remounted_store(pt_mount), tmp_path, "latest.pt") == second
+
+
+def test_a_save_over_a_file_whose_held_copy_is_gone_is_refused_whole(
+        pt_site, mount_factory, tmp_path):
+    """Where the file a reader holds through passthrough is no longer a local copy of
+    the version (a decoded cache too small to keep it), the next save cannot take it
+    over: it fails with EBUSY, saying why in the log, and changes nothing; once the
+    reader is closed, saving works."""
+    import errno
+    m = mount_factory(extra=["--passthrough", "--cache-size", "1M", "-v"])
+    p = os.path.join(m.path, "latest.pt")
     first = data("first", 3 * MiB + 1)
     w = open(p, "wb", buffering=0)
     w.write(first[:MiB])
-    r = open(p, "rb")                             # during the save
+    r = open(p, "rb")                             # during the save: shares its spool
     w.write(first[MiB:])
     w.close()
-    # the kernel sends the release after close() returns; until the daemon has it, a
-    # new open joins the same save (in place, as on a local disk): wait for it
-    deadline = time.monotonic() + 20
-    while "latest.pt: the passthrough save's descriptors are closed" not in log_of(pt_mount):
-        assert time.monotonic() < deadline, "the first save was never released"
-        time.sleep(0.05)
+    wait_for_log(m, "latest.pt: the passthrough save's descriptors are closed")
     with pytest.raises(OSError) as exc:
         with open(p, "wb") as w2:
             w2.write(data("second", 2 * MiB))
     assert exc.value.errno == errno.EBUSY
-    assert "close that reader, or mount without --passthrough" in log_of(pt_mount)
+    assert "close them, or mount without --passthrough" in log_of(m)
     assert r.read() == first
     assert open(p, "rb").read() == first
     r.close()
@@ -222,11 +285,25 @@ def test_a_save_over_a_file_a_reader_opened_during_its_last_save_is_refused_whol
     with open(p, "wb") as w3:
         w3.write(third)
     assert open(p, "rb").read() == third
-    plain = remounted(pt_mount, tmp_path, "plain")
-    try:
-        assert open(os.path.join(plain.path, "latest.pt"), "rb").read() == third
-    finally:
-        plain.stop()
+    assert stored(remounted_store(m), tmp_path, "latest.pt") == third
+
+
+def test_loads_read_the_local_copy_through_passthrough(pt_mount, tmp_path):
+    """torch.load right after torch.save, and after a remount with the same cache dir,
+    reads the version's local copy through passthrough (the kernel reads it itself),
+    bit-exact."""
+    model = torch.nn.Linear(1024, 1024)
+    p = os.path.join(pt_mount.path, "warm.pt")
+    torch.save(model.state_dict(), p)
+    pt_mount.sync()
+    wait_for_log(pt_mount, "warm.pt: the passthrough save's descriptors are closed")
+    back = torch.load(p)
+    assert torch.equal(back["weight"], model.weight.detach())
+    assert "warm.pt: read through FUSE passthrough" in log_of(pt_mount)
+    pt_mount.restart()
+    back = torch.load(p)
+    assert torch.equal(back["weight"], model.weight.detach())
+    assert log_of(pt_mount).count("warm.pt: read through FUSE passthrough") == 2
 
 
 def test_temp_file_renamed_over_and_chmodded_through_passthrough(pt_mount, tmp_path):
