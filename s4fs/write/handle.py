@@ -558,7 +558,7 @@ class WriteHandle:
         self._steps = []
         self._stream_ok = True
         self._stop = False
-        if self.passthrough:
+        if self.passthrough and self.refs > 0:
             self._kick()            # the kernel may write on: follow the next version
         now = time.monotonic()
         log.info("%s: committed %d bytes written in %d writes, %.3f s after the open%s",
@@ -641,7 +641,7 @@ class WriteHandle:
         writeback mount promises is the shortest stall; the committer codes the whole
         spool once it is accepted. Under passthrough no request reaches the daemon, so
         both modes follow the spool (the committer then codes only what is left)."""
-        if self.writeback:
+        if self.writeback and not self.passthrough:
             return
         if self._thread is None and not self._stop:
             self._thread = threading.Thread(target=self._ingest_loop, daemon=True,
@@ -815,7 +815,16 @@ class WriteHandle:
                 self._close()
 
     def _close(self) -> None:
-        self._stop_ingest()
+        if self._thread is not None:
+            # the thread must be out before the spool goes, and nothing may change the
+            # handle while this waits for it (the wait releases the lock): a chmod let in
+            # here would be accepted and then dropped with the spool
+            before, self.state = self.state, State.COMMITTING
+            try:
+                self._stop_ingest()
+            finally:
+                self.state = before
+                self._cond.notify_all()
         if self._session is not None:
             self._session.abort()
             self._session = None
