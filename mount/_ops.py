@@ -398,11 +398,10 @@ class S4Operations(pyfuse3.Operations):
         if acc == os.O_RDONLY:
             handle = await self._run(self.fs.open_read, path)
             try:
-                bid = self._backing_to_read(inode, handle)
+                bid = self._backing_to_read(inode, handle)     # counts the open too
             except BaseException:
                 handle.release()
                 raise
-            self._hold(inode, handle.node)
             if bid:
                 # the kernel reads the file's spool or local copy itself (no page cache
                 # of the mount's own beside it)
@@ -420,8 +419,7 @@ class S4Operations(pyfuse3.Operations):
         # failed (never committed); opening it for writing starts it afresh
         handle = await self._run(self.fs.open_write, path,
                                  truncate=bool(flags & os.O_TRUNC), create=True)
-        bid = await self._run(self._backing_for, inode, handle)
-        self._hold(inode, handle.node)
+        bid = await self._run(self._backing_for, inode, handle)   # counts the open too
         fh = self._new_fh(handle, inode)
         if bid:
             self._fh_backing[fh] = inode
@@ -436,7 +434,6 @@ class S4Operations(pyfuse3.Operations):
                                  exclusive=bool(flags & os.O_EXCL), mode=mode)
         entry = self._entry(await self._run(self.fs.stat, path))
         bid = await self._run(self._backing_for, entry.st_ino, handle)
-        self._hold(entry.st_ino, handle.node)
         fh = self._new_fh(handle, entry.st_ino)
         if bid:
             self._fh_backing[fh] = entry.st_ino
@@ -497,12 +494,15 @@ class S4Operations(pyfuse3.Operations):
 
     def _hold(self, inode: int, node) -> None:
         """A descriptor of ``node`` is open under ``inode``."""
+        with self._lock:
+            self._hold_locked(inode, node)
+
+    def _hold_locked(self, inode: int, node) -> None:
         if node is None:
             return
-        with self._lock:
-            node.cache_key = inode
-            _, opens = self._open_nodes.get(inode, (node, 0))
-            self._open_nodes[inode] = (node, opens + 1)
+        node.cache_key = inode
+        _, opens = self._open_nodes.get(inode, (node, 0))
+        self._open_nodes[inode] = (node, opens + 1)
 
     def _let_go(self, inode: int) -> None:
         with self._lock:
@@ -564,36 +564,44 @@ class S4Operations(pyfuse3.Operations):
     # --- FUSE passthrough --------------------------------------------------------------
 
     def _backing_for(self, inode: int, handle) -> int:
-        """A write open of ``inode``: the backing id of its spool for the kernel, or 0 to
-        stay on write requests (passthrough off, a writer already on requests, readers
-        open with the kernel's page cache, or the kernel refused). Where the kernel
-        already passes the inode through to a file (readers hold it), that file becomes
-        the save's spool, written in place as on a local disk."""
+        """A write open of ``inode``, counted as open: the backing id of its spool for
+        the kernel, or 0 to stay on write requests (passthrough off, a writer already on
+        requests, readers open with the kernel's page cache, or the kernel refused).
+        Where the kernel already passes the inode through to a file (readers hold it),
+        that file becomes the save's spool, written in place as on a local disk.
+
+        The choice and the count are one step under the adapter's lock: two opens of one
+        inode deciding at once would otherwise both find it free and ask the kernel for
+        two backing files, or one for a backing file beside a cached open (it answers
+        ``EIO``)."""
+        node = getattr(handle, "node", None)
         if not self.enable_passthrough or not isinstance(handle, WriteHandle):
+            self._hold(inode, node)
             return 0
+        bid = 0
         with self._lock:
             held = self._backing.get(inode)
             if held is not None:
                 held.opens += 1           # it stays registered while this open uses it
-                if held.handle is handle:                    # another descriptor of it
-                    return held.id
+            elif not self._open_nodes.get(inode, (None, 0))[1] and handle.refs <= 1:
+                fd = handle.spool.dup()
+                bid = self._register(fd, handle.path, "stays on write requests")
+                if bid:
+                    self._backing[inode] = _Backing(bid, fd, handle)
+            self._hold_locked(inode, node)
         if held is not None:
+            if held.handle is handle:     # another descriptor of the same save
+                return held.id
             try:
                 return self._take_over(held, handle)
             except BaseException:
                 self._drop_backing(inode)
+                self._let_go(inode)
                 raise
-        with self._lock:
-            if self._open_nodes.get(inode, (None, 0))[1] or handle.refs > 1:
-                return 0                  # others have it open without passthrough
-        fd = handle.spool.dup()
-        bid = self._register(fd, handle.path, "stays on write requests")
-        if not bid:
-            return 0
-        handle.written_behind()
-        with self._lock:
-            self._backing[inode] = _Backing(bid, fd, handle)
-        log.info("%s: written through FUSE passthrough (backing id %d)", handle.path, bid)
+        if bid:
+            handle.written_behind()
+            log.info("%s: written through FUSE passthrough (backing id %d)", handle.path,
+                     bid)
         return bid
 
     @staticmethod
@@ -655,49 +663,40 @@ class S4Operations(pyfuse3.Operations):
         return self.fs.decoded.take(version, ino, fresh_spool_name(self.fs.spool_dir))
 
     def _backing_to_read(self, inode: int, handle) -> int:
-        """A read open of ``inode``: the backing id the kernel reads it through, or 0
-        for the page cache. A file passed through already is read through the same file
-        (its spool while it is saved, or the copy of its version — brought to the
-        version this open reads if the file changed another way); a committed version
-        kept whole on local disk is passed through when no cached open is in the way."""
+        """A read open of ``inode``, counted as open: the backing id the kernel reads it
+        through, or 0 for the page cache. A file passed through already is read through
+        the same file (its spool while it is saved, or the copy of its version — brought
+        to the version this open reads if the file changed another way); a committed
+        version kept whole on local disk is passed through when no cached open is in
+        the way. One step under the adapter's lock, as in :meth:`_backing_for`."""
+        node = handle.node
         if not self.enable_passthrough:
+            self._hold(inode, node)
             return 0
+        local, version = handle.local_file(), handle.version   # outside the lock
+        bid = 0
         with self._lock:
             held = self._backing.get(inode)
             if held is not None:
                 held.opens += 1           # it stays registered while this open uses it
-            cached = self._open_nodes.get(inode, (None, 0))[1]
-        if held is not None:
-            try:
-                self._refresh(held, handle)
-            except BaseException:
-                self._drop_backing(inode)
-                raise
-            return held.id
-        fd = handle.local_file() if not cached else None
-        if fd is None:
-            return 0
-        fd = os.dup(fd)
-        bid = self._register(fd, handle.path, "is read through the daemon")
-        if not bid:
-            return 0
-        with self._lock:
-            other = self._backing.get(inode)      # another open registered one meanwhile
-            if other is None:
-                self._backing[inode] = _Backing(bid, fd, None, handle.version)
-            else:
-                other.opens += 1
-        if other is not None:
-            _unregister_backing(bid)
-            os.close(fd)
-            try:
-                self._refresh(other, handle)
-            except BaseException:
-                self._drop_backing(inode)
-                raise
-            return other.id
-        log.info("%s: read through FUSE passthrough (backing id %d)", handle.path, bid)
-        return bid
+            elif local is not None and not self._open_nodes.get(inode, (None, 0))[1]:
+                fd = os.dup(local)
+                bid = self._register(fd, handle.path, "is read through the daemon")
+                if bid:
+                    self._backing[inode] = _Backing(bid, fd, None, version)
+            self._hold_locked(inode, node)
+        if held is None:
+            if bid:
+                log.info("%s: read through FUSE passthrough (backing id %d)", handle.path,
+                         bid)
+            return bid
+        try:
+            self._refresh(held, handle)
+        except BaseException:
+            self._drop_backing(inode)
+            self._let_go(inode)
+            raise
+        return held.id
 
     def _refresh(self, held: _Backing, handle) -> None:
         """Bring ``held``'s file to the version ``handle`` reads, where the file changed
