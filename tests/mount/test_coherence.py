@@ -714,8 +714,8 @@ def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_mmaps_of_finished_files_survive_checkpoint_rotation(mount_factory, mode):
+@pytest.mark.parametrize("mode", [*MODES, "passthrough"])
+def test_mmaps_of_finished_files_survive_checkpoint_rotation(mount_factory, mode, request):
     """torch.load(mmap=True) beside a job that rotates its checkpoint: three processes
     keep mapping the file whose writer has closed it and reading the mapping after
     closing their descriptor, while the writer unlinks it and writes it anew, or renames
@@ -723,7 +723,9 @@ def test_mmaps_of_finished_files_survive_checkpoint_rotation(mount_factory, mode
     replaced under a mapping keeps its bytes. (Maps made while the writer is still
     writing can fault in the kernel's FUSE itself: tests/mount/stress_mmap_recreate.py.)"""
     import stress_mmap_recreate
-    m = mount_factory(extra=MODES[mode])
+    if "passthrough" in mode:         # maps of the local copy the kernel reads itself
+        request.getfixturevalue("pt_site")
+    m = mount_factory(extra=ORACLE_MODES[mode])
     ops, died = stress_mmap_recreate.run(m.path, 30, ["recreate", "rename"],
                                          after_close=True)
     assert ops > 50, f"the writer hardly ran ({ops} ops)"
