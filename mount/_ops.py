@@ -597,6 +597,11 @@ class S4Operations(pyfuse3.Operations):
             except BaseException:
                 self._drop_backing(inode)
                 self._let_go(inode)
+                # a new save that never starts: the file stays as it is
+                if handle.refs <= 1:
+                    handle.abort()
+                else:
+                    handle.release()
                 raise
         if bid:
             handle.written_behind()
@@ -635,11 +640,6 @@ class S4Operations(pyfuse3.Operations):
                     held.handle, held.version, held.released = handle, None, False
                     held.name = None          # the spool's now: the save decides its fate
         if name is None:
-            # a new save that never starts: the file stays as it is
-            if handle.refs <= 1:
-                handle.abort()
-            else:
-                handle.release()
             raise self._busy(handle.path)
         log.info("%s: written through FUSE passthrough in place of the copy its readers "
                  "hold (backing id %d)", handle.path, held.id)

@@ -248,7 +248,7 @@ class WriteHandle:
     def behind(self) -> None:
         """(Under the lock.) Take in what the kernel wrote into the spool since the last
         look: its size, and — when anything changed — a new version to commit. The
-        ingest thread follows the spool's size (default mode); what it read is checked
+        ingest thread follows the spool's size (both modes); what it read is checked
         against the spool at the commit (:meth:`_steps_hold`), since a rewrite of bytes
         it already read is invisible here."""
         if not self.passthrough or self.spool.fd < 0:
