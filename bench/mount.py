@@ -253,6 +253,52 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     return res
 
 
+def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -> dict:
+    """The default mode's floor once the transport is free (FUSE passthrough): each
+    checkpoint's bytes, already in a local file, coded and stored as the mount's commit
+    does (the same coding workers and device, deltas on the one before) — against
+    ``torch.save`` + ``os.sync()`` of the same checkpoint."""
+    import dataclasses
+
+    import torch
+    from s4fs.coding import IngestConfig
+    from s4fs.fs import Filesystem, FsConfig
+    from s4fs.runtime import current
+    from s4fs.stores import LocalStore
+    from s4fs.write import Spool
+    ingest = IngestConfig(device=device, processes=workers != 0)
+    if workers:
+        ingest = dataclasses.replace(ingest, workers=workers)
+    root = os.path.join(work, "floor")
+    os.makedirs(os.path.join(root, "store"))
+    fs = Filesystem(LocalStore(os.path.join(root, "store")),
+                    FsConfig(ingest=ingest, cache_dir=os.path.join(root, "cache")))
+    res = {"coding": [], "local": []}
+    try:
+        for i, ck in enumerate(cks):
+            path = os.path.join(root, f"ckpt_{i}.pt")
+            t = time.perf_counter()
+            torch.save(ck, path)
+            os.sync()
+            res["local"].append(time.perf_counter() - t)
+            name = f"ckpt_{i}.pt"
+            t = time.perf_counter()
+            sp = Spool.reopen(path, name)
+            s = fs.new_session(name, None, sp.name)
+            pos = 0
+            while pos < sp.size:
+                piece = sp.read(pos, 4 << 20)
+                s.write(piece, stable=True)
+                pos += len(piece)
+            fs.commit(name, s.finish())
+            res["coding"].append(time.perf_counter() - t)
+            sp.close(remove=False)
+    finally:
+        fs.close()
+        current().pools.close()
+    return res
+
+
 def _coding(workers: int | None) -> str:
     if workers == 0:
         return "coding in the daemon's threads"
@@ -283,6 +329,10 @@ def main(argv=None) -> int:
                     help="the mount's coding worker processes (default: one per core; "
                          "0: code in the daemon's threads, the old path)")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the coding alone: each checkpoint's bytes from a local "
+                         "file, coded and stored as the mount's commit does, no FUSE (the "
+                         "default mode's floor once writes are passed through)")
     ap.add_argument("--daemon-log", action="store_true",
                     help="mount with --verbose and print the daemon's account of each "
                          "fresh node's decode ahead (per batch on a GPU mount)")
@@ -308,6 +358,11 @@ def main(argv=None) -> int:
                          f"{r['sync']:.2f}" if mode.startswith("writeback") else "-",
                          ratio("warm_m", "warm_l"), ratio("cold_m", "cold_l"), fresh,
                          f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
+        if args.floor:
+            f = coding_floor(cks, work, args.device, args.workers)
+            rows.append(["coding alone (the floor)", "", f"{med(f['coding']):.2f} / "
+                         f"{med(f['local']):.2f} = {med(f['coding']) / med(f['local']):.2f}x",
+                         "-", "-", "-", "-", "-", "-"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}, "
