@@ -443,9 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close() returns once the bytes are on local disk; commits run in "
                         "the background (journalled; `s4fs sync` waits for them)")
     m.add_argument("--passthrough", action="store_true",
-                   help="with --writeback: the kernel writes a file being saved straight "
-                        "into its spool (FUSE passthrough: Linux >= 6.9, root, and pyfuse3 "
-                        "built with it — docs/OPERATING.md); experimental")
+                   help="the kernel writes a file being saved straight into its spool, "
+                        "and reads a file kept whole on local disk straight from it (FUSE "
+                        "passthrough: Linux >= 6.9, root, and pyfuse3 built with it — "
+                        "`make passthrough`, docs/OPERATING.md); experimental")
     m.add_argument("--cache-size",
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")
