@@ -78,6 +78,19 @@ class Kernel:
         self.h.release()
 
 
+def save_patched_after_coding(fs, name: str, first: bytes, at: int, n: int) -> bytes:
+    """Write ``first`` behind a new handle of ``name``, wait until the ingest thread has
+    coded it, patch ``n`` random bytes at ``at``, close; the bytes the file must hold."""
+    h = fs.open_write(name)
+    k = Kernel(h)
+    k.write(0, first)
+    coded_up_to(h, len(first))
+    patch = os.urandom(n)
+    k.write(at, patch)
+    k.close()
+    return first[:at] + patch + first[at + n:]
+
+
 def coded_up_to(h, n: int, timeout: float = 30.0) -> None:
     """Wait until the handle's ingest thread has taken the first ``n`` bytes."""
     deadline = time.monotonic() + timeout
@@ -103,15 +116,7 @@ def test_a_spool_written_behind_the_handle_is_coded_as_it_grows(fs, tmp_path):
 def test_bytes_rewritten_after_they_were_coded_are_stored_as_rewritten(fs, tmp_path):
     """A patch of bytes the ingest thread already coded (same size: nothing the handle
     sees but the spool's mtime) is in the stored file, not the first bytes."""
-    first = checkpoint(2)
-    h = fs.open_write("ckpt.pt")
-    k = Kernel(h)
-    k.write(0, first)
-    coded_up_to(h, len(first))
-    patch = os.urandom(5000)
-    k.write(3 * MiB + 17, patch)
-    k.close()
-    want = first[:3 * MiB + 17] + patch + first[3 * MiB + 17 + len(patch):]
+    want = save_patched_after_coding(fs, "ckpt.pt", checkpoint(2), 3 * MiB + 17, 5000)
     assert stored_file(tmp_path, "ckpt.pt") == want
 
 

@@ -257,18 +257,10 @@ def test_a_spool_written_behind_is_coded_on_the_gpu_as_it_grows(tmp_path):
     """FUSE passthrough on a GPU mount: the kernel writes the spool, the handle follows
     it and the GPU worker codes it as it grows; a patch of bytes already coded is
     stored as patched."""
-    from test_follow_spool import MiB, Kernel, checkpoint, coded_up_to
+    from test_follow_spool import MiB, checkpoint, save_patched_after_coding
     fs = make_fs(tmp_path)
     try:
-        first = checkpoint(7)
-        h = fs.open_write("ckpt.pt")
-        k = Kernel(h)
-        k.write(0, first)
-        coded_up_to(h, len(first))
-        patch = os.urandom(4096)
-        k.write(2 * MiB, patch)
-        k.close()
-        want = first[:2 * MiB] + patch + first[2 * MiB + len(patch):]
+        want = save_patched_after_coding(fs, "ckpt.pt", checkpoint(7), 2 * MiB, 4096)
         assert "nvcomp-deflate" in plane_codecs(fs, fs.manifest("ckpt.pt"))
         assert not RT.pools.cpu_started(), "the CPU workers should not have been started"
         assert read(fs, "ckpt.pt") == want
