@@ -1,8 +1,9 @@
 """The composition root: one owner of every worker process and thread s4fs starts.
 
 A :class:`Runtime` makes each on first use and stops them all in :meth:`Runtime.close`:
-the coding worker processes (:class:`s4fs.coding.Pools`), the one-thread executors of
-the API's saves (``s4fs.torch.save``: async saves, the device save's hashing), and the
+the coding worker processes (:class:`s4fs.coding.Pools`), the executors of the API's
+saves (``s4fs.torch.save``: async saves, the device save's hashing) and of a mount's
+passthrough checks (``s4fs.write.handle``), and the
 codec's GPU thread. A mount's daemon builds one and closes it at exit; the Python API
 shares :func:`current`, closed at interpreter exit. A :class:`~s4fs.fs.Filesystem` uses
 the runtime it is given (its caller's to close) or :func:`current`.
@@ -44,13 +45,16 @@ class Runtime:
         self._lock = threading.Lock()
         self._threads: dict[str, ThreadPoolExecutor] = {}
 
-    def thread(self, name: str) -> ThreadPoolExecutor:
-        """The one-thread executor called ``name``: what is submitted to it runs one
-        after another (async saves; the device save's hashing, one codec stream kept)."""
+    def thread(self, name: str, workers: int = 1) -> ThreadPoolExecutor:
+        """The executor called ``name``, of ``workers`` threads (the count of its first
+        use): with one, what is submitted to it runs one after another (async saves;
+        the device save's hashing, one codec stream kept); with more, side by side (a
+        passthrough spool hashed again at its commit)."""
         with self._lock:
             ex = self._threads.get(name)
             if ex is None:
-                ex = self._threads[name] = ThreadPoolExecutor(1, thread_name_prefix=name)
+                ex = self._threads[name] = ThreadPoolExecutor(workers,
+                                                              thread_name_prefix=name)
             return ex
 
     def close(self) -> None:

@@ -50,7 +50,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 import xxhash
@@ -68,6 +67,7 @@ if TYPE_CHECKING:
     from s4fs.write.committer import Committer
     from s4fs.read import ChunkSource, DecodedCache
     from s4fs.fs import FsConfig
+    from s4fs.runtime import Runtime
     from s4fs.write.journal import Journal
 
 
@@ -82,6 +82,7 @@ class WriterPort(Protocol):
     committer: "Committer"            # writeback: background commits
     decoded: "DecodedCache | None"    # keeps a committed spool as the version's copy
     source: "ChunkSource"             # reads the version a file opened without O_TRUNC had
+    runtime: "Runtime"                # its threads (the passthrough check at a commit)
 
     def make_room(self, nbytes: int) -> bool:
         """The cache disk is full: give space back; True if any was freed."""
@@ -101,20 +102,6 @@ class WriterPort(Protocol):
 
 _STEP = 4 << 20           # bytes the ingest thread reads from the spool at a time
 _FOLLOW = 0.005           # s between looks at a spool the kernel writes (passthrough)
-
-
-class _Checks:
-    """The process-wide threads that hash a passthrough spool again at its commit
-    (pread and xxhash release the GIL)."""
-
-    _pool: ThreadPoolExecutor | None = None
-
-    @classmethod
-    def pool(cls) -> ThreadPoolExecutor:
-        if cls._pool is None:
-            cls._pool = ThreadPoolExecutor(min(8, os.cpu_count() or 1),
-                                           thread_name_prefix="s4fs-check")
-        return cls._pool
 
 
 class State(enum.Enum):
@@ -517,7 +504,8 @@ class WriteHandle:
     def _steps_hold(self) -> bool:
         """Whether the spool still holds what the ingest thread read of it: always where
         every write came as a request (a rewrite of read bytes cleared ``_stream_ok``);
-        under passthrough, each step's bytes hashed again, in parallel."""
+        under passthrough, each step's bytes hashed again, in parallel on the runtime's
+        check threads (pread and xxhash release the GIL)."""
         if not self.passthrough:
             return True
         if self._ingested > self.spool.size:
@@ -527,7 +515,8 @@ class WriteHandle:
         def holds(step):
             off, n, digest = step
             return xxhash.xxh3_64_intdigest(os.pread(fd, n, off)) == digest
-        return all(_Checks.pool().map(holds, self._steps))
+        checks = self.fs.runtime.thread("s4fs-check", min(8, os.cpu_count() or 1))
+        return all(checks.map(holds, self._steps))
 
     def _commit_attrs(self, before: State) -> None:
         """Only mode or times changed since the last commit: a new manifest for the same
