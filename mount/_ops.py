@@ -650,17 +650,15 @@ class S4Operations(pyfuse3.Operations):
         (where it is ``version``'s copy), or where an earlier move left it; None where
         it has no name any more."""
         st = os.fstat(held.fd)
-        ino = (st.st_dev, st.st_ino)
         if held.name is not None:
             try:
-                there = os.stat(held.name)
-                if (there.st_dev, there.st_ino) == ino:
+                if os.path.samestat(os.stat(held.name), st):
                     return held.name
             except OSError:
                 pass
         if self.fs.decoded is None or version is None:
             return None
-        return self.fs.decoded.take(version, ino, fresh_spool_name(self.fs.spool_dir))
+        return self.fs.decoded.take(version, st, fresh_spool_name(self.fs.spool_dir))
 
     def _backing_to_read(self, inode: int, handle) -> int:
         """A read open of ``inode``, counted as open: the backing id the kernel reads it

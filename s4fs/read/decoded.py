@@ -114,16 +114,15 @@ class DecodedCache:
         with self._lock:
             return self._path(vid) if vid in self._lru else None
 
-    def take(self, vid: str, ino: tuple[int, int], dest: str) -> str | None:
+    def take(self, vid: str, held: os.stat_result, dest: str) -> str | None:
         """Move the entry's file out of the cache to ``dest`` (it becomes a spool) if it
-        is the file ``ino`` (``st_dev``, ``st_ino``); ``dest``, or None where the entry
-        is gone or is another file."""
+        is the file ``held`` was taken of (kept open by the caller, so its inode number
+        is not reused); ``dest``, or None where the entry is gone or is another file."""
         with self._lock:               # no eviction between the check and the move
             if vid not in self._lru:
                 return None
             try:
-                st = os.stat(self._path(vid))
-                if (st.st_dev, st.st_ino) != ino:
+                if not os.path.samestat(os.stat(self._path(vid)), held):
                     return None
                 os.replace(self._path(vid), dest)
             except OSError:

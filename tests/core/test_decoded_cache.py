@@ -24,7 +24,7 @@ def test_take_moves_the_very_file_out_of_the_cache(tmp_path):
     keep(cache, tmp_path, "v1", b"version one")
     held = ino(cache.path_of("v1"))
     dest = str(tmp_path / "spool-new")
-    assert cache.take("v1", held, dest) == dest
+    assert cache.take("v1", os.stat(cache.path_of("v1")), dest) == dest
     assert ino(dest) == held and open(dest, "rb").read() == b"version one"
     assert cache.path_of("v1") is None and cache.open("v1") is None
     assert cache.nbytes == 0
@@ -38,13 +38,14 @@ def test_take_refuses_another_file_under_the_same_version(tmp_path):
     fd = os.open(cache.path_of("v1"), os.O_RDONLY)      # held, as the daemon holds it
     try:
         held = os.fstat(fd).st_dev, os.fstat(fd).st_ino
+        held_st = os.fstat(fd)
         cache.discard("v1")
         keep(cache, tmp_path, "v1", b"first copy")      # the same version, decoded again
         assert ino(cache.path_of("v1")) != held
         dest = str(tmp_path / "spool-new")
-        assert cache.take("v1", held, dest) is None
+        assert cache.take("v1", held_st, dest) is None
         assert not os.path.exists(dest)
         assert open(cache.path_of("v1"), "rb").read() == b"first copy"
-        assert cache.take("v2", held, dest) is None       # never kept
+        assert cache.take("v2", held_st, dest) is None    # never kept
     finally:
         os.close(fd)
