@@ -258,21 +258,18 @@ def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -
     checkpoint's bytes, already in a local file, coded and stored as the mount's commit
     does (the same coding workers and device, deltas on the one before) — against
     ``torch.save`` + ``os.sync()`` of the same checkpoint."""
-    import dataclasses
-
     import torch
-    from s4fs.coding import IngestConfig
-    from s4fs.fs import Filesystem, FsConfig
+    from s4fs.cli import _fs_config
+    from s4fs.fs import Filesystem
     from s4fs.runtime import current
     from s4fs.stores import LocalStore
     from s4fs.write import Spool
-    ingest = IngestConfig(device=device, processes=workers != 0)
-    if workers:
-        ingest = dataclasses.replace(ingest, workers=workers)
     root = os.path.join(work, "floor")
     os.makedirs(os.path.join(root, "store"))
-    fs = Filesystem(LocalStore(os.path.join(root, "store")),
-                    FsConfig(ingest=ingest, cache_dir=os.path.join(root, "cache")))
+    # the configuration `s4fs mount --device D --workers N` gives its filesystem
+    cfg = _fs_config(argparse.Namespace(device=device, workers=workers,
+                                        cache_dir=os.path.join(root, "cache")))
+    fs = Filesystem(LocalStore(os.path.join(root, "store")), cfg)
     res = {"coding": [], "local": []}
     try:
         for i, ck in enumerate(cks):

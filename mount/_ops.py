@@ -574,8 +574,8 @@ class S4Operations(pyfuse3.Operations):
         inode deciding at once would otherwise both find it free and ask the kernel for
         two backing files, or one for a backing file beside a cached open (it answers
         ``EIO``)."""
-        node = getattr(handle, "node", None)
-        if not self.enable_passthrough or not isinstance(handle, WriteHandle):
+        node = handle.node
+        if not self.enable_passthrough:
             self._hold(inode, node)
             return 0
         bid = 0
