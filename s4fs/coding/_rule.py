@@ -5,10 +5,13 @@ One rule for every path that codes: the API's threads, the CPU worker processes,
 worker process and the device save. The GPU paths split it in two: :func:`delta_prep`
 (what is known before coding: no delta, the same bytes, or the base's bytes) here, and
 the comparison of the coded sizes (:func:`delta_is_tiny`, :func:`keep_delta`) after
-one batch call on the device (``_device_batch``).
+one batch call on the device (``_device_batch``). On the CPU, where coding a chunk both
+ways costs twice, a sample guesses the winner (:func:`guess_sizes`).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from s4fs import codec
 from s4fs.coding._bases import readable_base
@@ -23,7 +26,9 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     """Code one chunk: ``(blob, FULL)``, ``(delta, DELTA)`` against ``base`` (whose raw
     bytes ``base_bytes()`` returns), or ``(b"", SAME)`` when it equals its base. A delta
     is kept when it is tiny, or no larger than ``cfg.delta_min_gain`` of the full coding.
-    The one rule for both the in-process threads and the worker processes."""
+    The one rule for both the in-process threads and the worker processes. On the CPU a
+    sample (:func:`guess_sizes`) says which way to code first, so most chunks are coded
+    once; the other way is coded too only where the real size contradicts the guess."""
     device = cfg.device if device is None else device
     if not delta_candidate(base, len(data), cfg):
         return codec.compress(data, dtype, device=device), FULL
@@ -32,13 +37,63 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
         return codec.compress(data, dtype, device=device), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
+    guess = guess_sizes(data, dtype, base_raw) if device == "cpu" else None
+    if guess is not None and guess[1] is not None and not keep_delta(*guess, cfg):
+        full = codec.compress(data, dtype, device=device)     # the sample says: whole
+        if not keep_delta(guess[0], len(full), cfg):
+            return full, FULL
+        delta = codec.compress(data, dtype, base=base_raw, device=device)
+        return (delta, DELTA) if keep_delta(len(delta), len(full), cfg) else (full, FULL)
     delta = codec.compress(data, dtype, base=base_raw, device=device)
     if delta_is_tiny(len(delta), len(data)):
         return delta, DELTA
+    if guess is not None and guess[1] is not None and keep_delta(len(delta), guess[1], cfg):
+        return delta, DELTA                                     # the sample says: delta
     full = codec.compress(data, dtype, device=device)
     if keep_delta(len(delta), len(full), cfg):
         return delta, DELTA
     return full, FULL
+
+
+SAMPLE_MIN = 512 << 10      # a chunk this large is sampled before it is coded
+SAMPLE_PARTS = 8            # evenly spaced slices, together 1/SAMPLE_SHARE of the chunk
+SAMPLE_SHARE = 16
+SAMPLE_SPREAD = 0.02        # changed bytes: the sample's share may differ by this much
+
+
+def guess_sizes(data, dtype: str, base_raw) -> tuple[int, int | None] | None:
+    """Coded sizes of a chunk as a delta and whole, guessed from a sample (evenly spaced
+    slices, 1/16 of it, coded both ways and scaled up): ``(delta, full)``, ``(delta,
+    None)`` when the delta looks tiny (the whole is then not sampled), or None — a chunk
+    too small to sample, or one whose changes the sample does not represent (the share
+    of bytes that differ from the base, counted over the whole chunk, is not the
+    sample's).
+
+    Coding a chunk both ways to keep the smaller doubles a CPU's work for every chunk
+    whose delta is not tiny (AdamW's first moment: every bit changes every step). With
+    the guess, :func:`code_chunk` codes the likely winner first and the other only where
+    the winner's real size contradicts the guess. Only the choice rests on it: both
+    ways decode to the same bytes."""
+    n = len(data)
+    if n < SAMPLE_MIN:
+        return None
+    new = np.frombuffer(data, np.uint8)
+    old = np.frombuffer(base_raw, np.uint8)
+    part = (n // (SAMPLE_PARTS * SAMPLE_SHARE)) & ~4095     # a multiple of every itemsize
+    if part == 0:
+        return None
+    step = (n - part) // (SAMPLE_PARTS - 1) & ~4095
+    sample = np.concatenate([new[i * step:i * step + part] for i in range(SAMPLE_PARTS)])
+    base_sample = np.concatenate([old[i * step:i * step + part] for i in range(SAMPLE_PARTS)])
+    changed = np.count_nonzero(np.bitwise_xor(new, old)) / n
+    if abs(np.count_nonzero(np.bitwise_xor(sample, base_sample)) / len(sample) - changed) \
+            > SAMPLE_SPREAD:
+        return None
+    scale = n / len(sample)
+    delta = len(codec.compress(sample, dtype, base=base_sample, device="cpu")) * scale
+    if delta_is_tiny(delta, n):
+        return int(delta), None
+    return int(delta), int(len(codec.compress(sample, dtype, device="cpu")) * scale)
 
 
 def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,

@@ -333,6 +333,62 @@ def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
         assert codec.decompress(bytes(blob)) == other
 
 
+def test_the_cpu_delta_rule_codes_the_sampled_winner_first(monkeypatch):
+    """``code_chunk`` on the CPU: a sample says which way to code a large chunk first,
+    so a chunk whose delta does not pay (AdamW's first moment) is coded once, not both
+    ways; the kept blob is the one the exact rule (both ways, the smaller) keeps, and
+    decodes to the chunk's bytes. A chunk whose changes lie where the sample does not
+    look (or only where it looks) is coded by the exact rule."""
+    from s4fs import codec
+    from s4fs.coding import DELTA, FULL, code_chunk, delta_is_tiny, keep_delta
+    from s4fs.coding import IngestConfig
+    from s4fs.coding import _rule
+    from s4fs.manifest import ChunkRef
+    rng = np.random.default_rng(5)
+    n = 4 << 20
+    cfg = IngestConfig()
+    weights = rng.standard_normal(n // 4).astype(np.float32) * 0.02
+    moment = rng.standard_normal(n // 4).astype(np.float32) * 1e-3
+    noise = rng.integers(0, 256, n, dtype=np.uint8)
+    part = n // (_rule.SAMPLE_PARTS * _rule.SAMPLE_SHARE)
+    step = (n - part) // (_rule.SAMPLE_PARTS - 1)
+    sampled = np.zeros(n, bool)
+    for i in range(_rule.SAMPLE_PARTS):
+        sampled[i * step:i * step + part] = True
+    fresh = rng.integers(0, 256, n, dtype=np.uint8)
+    off = np.where((rng.random(n) < 0.5) & ~sampled, fresh, noise)    # half the bytes
+    inside = np.where(sampled, fresh, noise)                         # 1/16 of them
+    cases = {
+        "weights": (weights, weights + rng.standard_normal(n // 4).astype(np.float32) * 1e-4),
+        "moment": (moment, (0.9 * moment + 0.1 * rng.standard_normal(n // 4) * 1e-3)
+                   .astype(np.float32)),
+        "changed off the sample": (noise, off),
+        "changed in the sample": (noise, inside),
+    }
+    coded = []
+    real = codec.compress
+    monkeypatch.setattr(_rule.codec, "compress",
+                        lambda data, *a, **k: coded.append(len(data)) or real(data, *a, **k))
+    kinds = {}
+    for name, (old, new) in cases.items():
+        base, data = old.tobytes(), new.tobytes()
+        delta = real(data, "float32", base=base, device="cpu")
+        full = real(data, "float32", device="cpu")
+        want = DELTA if (delta_is_tiny(len(delta), n) or keep_delta(len(delta), len(full), cfg)) \
+            else FULL
+        coded.clear()
+        ref = ChunkRef("p", 0, 10, n, codec.checksum(base), 0, None)
+        blob, kind = code_chunk(data, "float32", codec.checksum(data), ref, lambda: base, cfg,
+                                device="cpu")
+        assert kind == want, name
+        assert codec.decompress(blob, base=base if kind == DELTA else None) == data
+        kinds[name] = (kind, coded.count(n))
+    assert kinds["moment"] == (FULL, 1)                  # one coding of the whole chunk
+    assert kinds["weights"][1] == 1 and kinds["weights"][0] == DELTA
+    assert kinds["changed off the sample"] == (DELTA, 2)  # the sample is not trusted:
+    assert kinds["changed in the sample"] == (DELTA, 1)   # the exact rule, delta first
+
+
 from store_damage import damage_packs  # noqa: E402
 
 
