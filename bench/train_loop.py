@@ -27,7 +27,10 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   passthrough (pyfuse3 patched for it: ``bash bench/build_pyfuse3_passthrough.sh DEST``,
   then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it);
   ``mount-pt``, ``mount-wb-pt`` (and their ``-cuda`` variants): the mount with
-  ``--passthrough``, default mode and ``--writeback`` (the same pyfuse3).
+  ``--passthrough``, default mode and ``--writeback`` (the same pyfuse3);
+  ``mount-pt-full`` (``-cuda-full``): ``--passthrough --no-delta``, every checkpoint
+  stored whole — what the delta saves of ``mount-pt`` compare with, save by save. The
+  modes without ``-pt`` mount with ``--no-passthrough``: the FUSE request path.
 * ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
   whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
@@ -68,7 +71,8 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "fuse-passthrough+sync", "fuse-passthrough",
          "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-pt", "mount-wb-pt",
-         "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda")
+         "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda",
+         "mount-pt-full", "mount-pt-cuda-full")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
 
 
@@ -138,11 +142,15 @@ class Mode:
             self.mountpoint = os.path.join(self.work, "mnt")
             os.makedirs(self.mountpoint)
             extra = ["--writeback"] if "-wb" in name else []
-            extra += ["--device", "cuda" if name.endswith("-cuda") else "cpu"]
+            extra += ["--device", "cuda" if "-cuda" in name else "cpu"]
             env = None
             if "-pt" in name:           # mount --passthrough: the patched pyfuse3
                 extra.append("--passthrough")
                 env = passthrough_pyfuse3_env()
+            else:
+                extra.append("--no-passthrough")
+            if name.endswith("-full"):  # every checkpoint stored whole: no delta base
+                extra.append("--no-delta")
             s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
                      os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []),
                      env=env)
@@ -286,6 +294,8 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
                         os.path.join(profile, f"{name}.daemon.log"))
     return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
             "first": blocked[0] if blocked and name != "none" else 0.0,
+            "later": statistics.median(blocked[1:]) if len(blocked) > 1 and name != "none"
+            else 0.0,
             "wall": wall, "drain": drain, "stored": stored}
 
 
@@ -355,16 +365,20 @@ def main(argv=None) -> int:
     logical = size * args.checkpoints
     rows = []
     for name, r in results.items():
+        # a delta-saving mount's later saves beside the same saves stored whole
+        whole = results.get(name + "-full", {}).get("later") if "-pt" in name else None
         rows.append([
             name, f"{r['blocked']:.3f}", f"{r['first']:.3f}",
+            f"{r['later']:.3f}" if r["later"] else "-",
+            f"{r['later'] / whole:.2f}x" if whole and r["later"] else "-",
             f"{r['blocked'] / ref_sync:.2f}x" if ref_sync and name != "none" else "-",
             f"{r['blocked'] / ref_page:.2f}x" if ref_page and name != "none" else "-",
             f"{r['wall']:.2f}",
             f"{100 * (r['wall'] - base) / base:+.0f} %" if base and name != "none" else "-",
             f"{r['drain']:.2f}" if r["drain"] > 0.005 else "-",
             f"{100 * r['stored'] / logical:.1f} %" if r["stored"] else "-"])
-    print(table(["mode", "blocked s/ckpt (median)", "first", "x local+sync", "x local",
-                 "run s", "over no ckpt", "drain s", "stored"], rows))
+    print(table(["mode", "blocked s/ckpt (median)", "first", "later", "later x -full",
+                 "x local+sync", "x local", "run s", "over no ckpt", "drain s", "stored"], rows))
     return 0
 
 

@@ -185,21 +185,27 @@ def _notify(msg: str) -> None:
 
 
 def passthrough_problem() -> str | None:
-    """Why ``--passthrough`` cannot be used here (a message for the user), or None."""
+    """Why FUSE passthrough cannot be used here (a message for the user), or None. The
+    kernel's own answer (Linux >= 6.9, ``CAP_SYS_ADMIN``) comes at the first open."""
     import pyfuse3
     if not hasattr(pyfuse3, "get_session_fd"):
         return ("--passthrough needs pyfuse3 built with FUSE passthrough (`make "
                 "passthrough`, docs/OPERATING.md); this pyfuse3 cannot hand the kernel a "
                 "backing file — mount without --passthrough")
+    if os.geteuid() != 0:
+        return ("--passthrough needs root (the kernel registers backing files only for "
+                "CAP_SYS_ADMIN) — mount as root, or without --passthrough")
     return None
 
 
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                      ready_fd: int | None = None, extra_options=(), workers: int = 16,
                      uid: int | None = None, gid: int | None = None,
-                     source: str | None = None, passthrough: bool = False) -> None:
+                     source: str | None = None, passthrough: str = "auto") -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount (then
-    ``fs`` is closed; its runtime is the caller's to close)."""
+    ``fs`` is closed; its runtime is the caller's to close). ``passthrough``: "on"
+    (refused where it cannot be had), "off", or "auto" (on where it can be had; off for
+    the whole mount at the kernel's first refusal)."""
     import pyfuse3
     import trio
 
@@ -207,11 +213,16 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
 
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
-    if passthrough:
+    if passthrough != "off":
         problem = passthrough_problem()
-        if problem:
+        if problem and passthrough == "on":
             raise S4Error(problem)
-        ops.enable_passthrough = True
+        if problem:
+            log.info("FUSE passthrough off: %s", problem.split(" — ")[0].replace(
+                "--passthrough needs", "it needs"))
+        else:
+            ops.enable_passthrough = True
+            ops.passthrough_optional = passthrough == "auto"
     ingest = fs.cfg.ingest
     if ingest.processes:
         # start the coding worker processes now, beside the mount: the first save should

@@ -28,6 +28,9 @@ log = logging.getLogger("s4fs.mount")
 # registers a backing file for FUSE passthrough (the ioctl returns its id);
 # _IOW(229, 2, u32) drops an id
 _BACKING_OPEN, _BACKING_CLOSE = 0x4010E501, 0x4004E502
+# the kernel's answers to a backing open where passthrough cannot work at all (not one
+# file's trouble): no such ioctl, not negotiated, not permitted
+_NO_PASSTHROUGH = {errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, errno.ENOSYS}
 
 
 def _register_backing(fd: int) -> int:
@@ -165,6 +168,9 @@ class S4Operations(pyfuse3.Operations):
     # FUSE passthrough (the mount's --passthrough; a pyfuse3 that can ask for it): the
     # kernel writes a file being written straight into its spool (docs/ARCHITECTURE.md)
     enable_passthrough = False
+    # passthrough as the default where it can be had (not asked for by --passthrough):
+    # the kernel's first refusal turns it off for the whole mount, said once
+    passthrough_optional = False
 
     def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0,
                  uid: int | None = None, gid: int | None = None):
@@ -609,15 +615,22 @@ class S4Operations(pyfuse3.Operations):
                      bid)
         return bid
 
-    @staticmethod
-    def _register(fd: int, path: str, otherwise: str) -> int:
+    def _register(self, fd: int, path: str, otherwise: str) -> int:
         """The backing id of the file open at ``fd`` (the caller's now), or 0 where the
-        kernel refuses (``fd`` closed, the log says what happens ``otherwise``)."""
+        kernel refuses (``fd`` closed, the log says what happens ``otherwise``). Where
+        passthrough was not asked for and the kernel cannot do it at all (too old, not
+        built with it, not root), the mount stops asking."""
         try:
             return _register_backing(fd)
         except OSError as exc:
             os.close(fd)
-            log.warning("FUSE passthrough refused (%s): %s %s", exc, path, otherwise)
+            if self.passthrough_optional and exc.errno in _NO_PASSTHROUGH:
+                self.enable_passthrough = False
+                log.warning("FUSE passthrough is not available here (%s: the kernel needs "
+                            "Linux >= 6.9 built with CONFIG_FUSE_PASSTHROUGH, and root); "
+                            "this mount reads and writes through FUSE requests", exc)
+            else:
+                log.warning("FUSE passthrough refused (%s): %s %s", exc, path, otherwise)
             return 0
 
     def _take_over(self, held: _Backing, handle: WriteHandle) -> int:

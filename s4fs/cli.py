@@ -43,6 +43,7 @@ def _fs_config(args):
     if workers:
         ingest = dataclasses.replace(ingest, workers=workers)
     return FsConfig(ingest=ingest,
+                    delta=not getattr(args, "no_delta", False),
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
@@ -65,7 +66,7 @@ def _parse_size(text: str) -> int:
 
 def cmd_mount(args) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
-    if args.passthrough:
+    if args.passthrough == "on":
         from s4fs.mount import passthrough_problem
         problem = passthrough_problem()
         if problem:
@@ -89,8 +90,10 @@ def cmd_mount(args) -> int:
             argv.append("-v")
         if args.writeback:
             argv.append("--writeback")
-        if args.passthrough:
-            argv.append("--passthrough")
+        if args.passthrough != "auto":
+            argv.append("--passthrough" if args.passthrough == "on" else "--no-passthrough")
+        if args.no_delta:
+            argv.append("--no-delta")
         if args.cache_size is not None:
             argv += ["--cache-size", args.cache_size]
         if args.workers:
@@ -442,11 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--writeback", action="store_true",
                    help="close() returns once the bytes are on local disk; commits run in "
                         "the background (journalled; `s4fs sync` waits for them)")
-    m.add_argument("--passthrough", action="store_true",
-                   help="the kernel writes a file being saved straight into its spool, "
-                        "and reads a file kept whole on local disk straight from it (FUSE "
-                        "passthrough: Linux >= 6.9, root, and pyfuse3 built with it — "
-                        "`make passthrough`, docs/OPERATING.md); experimental")
+    m.add_argument("--passthrough", action="store_const", const="on", default="auto",
+                   help="insist on FUSE passthrough: the kernel writes a file being saved "
+                        "straight into its spool, and reads a file kept whole on local "
+                        "disk straight from it (Linux >= 6.9, root, and pyfuse3 built with "
+                        "it — `make passthrough`, docs/OPERATING.md). Default: used where "
+                        "all three are there, else FUSE requests (the log says why)")
+    m.add_argument("--no-passthrough", dest="passthrough", action="store_const", const="off",
+                   help="never use FUSE passthrough: every read and write is a FUSE request")
+    m.add_argument("--no-delta", action="store_true",
+                   help="store every file whole, never as a delta of the previous "
+                        "checkpoint (each stands alone; more bytes stored)")
     m.add_argument("--cache-size",
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")
@@ -532,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
-    and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto; generic
+    and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
+    passthrough, nopassthrough, nodelta, cache_size=N, workers=N, uid=N, gid=N; generic
     mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2:
@@ -557,6 +567,9 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd += ["--device", v]
         elif k == "writeback":
             cmd.append("--writeback")
+        elif k in ("passthrough", "nopassthrough", "nodelta"):
+            cmd.append({"passthrough": "--passthrough", "nopassthrough": "--no-passthrough",
+                        "nodelta": "--no-delta"}[k])
         elif k == "cache_size":
             cmd += ["--cache-size", v]
         elif k == "workers":

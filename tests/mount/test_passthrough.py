@@ -90,7 +90,8 @@ def stored(store: str, tmp_path, name: str) -> bytes:
 
 def plain_mount(store: str, tmp_path, name: str = "plain") -> Mount:
     """A plain mount (no passthrough, no writeback) of ``store``: what the store holds."""
-    plain = Mount(store, str(tmp_path / name), str(tmp_path / f"cache-{name}"))
+    plain = Mount(store, str(tmp_path / name), str(tmp_path / f"cache-{name}"),
+                  ("--no-passthrough",))
     os.makedirs(plain.path)
     os.makedirs(plain.cache)
     plain.start()
@@ -458,3 +459,43 @@ def test_passthrough_saves_to_s3_read_bit_exact_on_another_node(request, pt_site
     for step, raw in enumerate(raws):
         with open(os.path.join(other.path, f"ckpt_{step}.pt"), "rb") as f:
             assert f.read() == raw
+
+
+def test_passthrough_is_the_default_where_pyfuse3_can_ask_for_it(pt_site, mount_factory,
+                                                                   tmp_path):
+    """With no flag, a mount whose pyfuse3 can ask for FUSE passthrough (and runs as
+    root on a kernel that has it) saves through it; ``--no-passthrough`` keeps every
+    write a FUSE request. Both store the exact bytes."""
+    raw = data("auto", 3 << 20)
+    auto = mount_factory(extra=["-v"])
+    off = mount_factory(store=auto.store, name="off", extra=["--no-passthrough", "-v"])
+    for m, name in ((auto, "a.bin"), (off, "b.bin")):
+        with open(os.path.join(m.path, name), "wb") as f:
+            f.write(raw)
+    assert passed_through(auto, "a.bin")
+    assert not passed_through(off, "b.bin")
+    assert "FUSE passthrough off" not in log_of(auto)
+    for m in (auto, off):
+        m.stop()
+    plain = plain_mount(auto.store, tmp_path)
+    try:
+        for name in ("a.bin", "b.bin"):
+            assert open(os.path.join(plain.path, name), "rb").read() == raw
+    finally:
+        plain.stop()
+
+
+def test_without_the_binding_the_default_mount_says_why_it_uses_requests(mount_factory):
+    """A stock pyfuse3 (no passthrough in it): the mount works on FUSE requests and its
+    log says what passthrough would need."""
+    import pyfuse3
+    if hasattr(pyfuse3, "get_session_fd"):
+        pytest.skip("this environment's own pyfuse3 has passthrough (`make passthrough`)")
+    m = mount_factory(extra=["-v"])
+    raw = data("stock", 1 << 20)
+    with open(os.path.join(m.path, "c.bin"), "wb") as f:
+        f.write(raw)
+    assert open(os.path.join(m.path, "c.bin"), "rb").read() == raw
+    assert "FUSE passthrough off: it needs pyfuse3 built with FUSE passthrough" in log_of(m)
+    assert not passed_through(m, "c.bin")
+

@@ -288,17 +288,31 @@ def test_mount_helper_and_fstab_form(tmp_path):
     if made_link:
         os.symlink(helper, link)
     try:
-        res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o", "rw,noatime",
-                              str(store), str(mp)], capture_output=True, text=True,
-                             timeout=120)
+        res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o",
+                              "rw,noatime,nodelta,nopassthrough", str(store), str(mp)],
+                             capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
+        assert "unknown option" not in res.stderr
         assert os.path.ismount(mp)
         (mp / "f.txt").write_text("via mount -t")
         assert (mp / "f.txt").read_text() == "via mount -t"
+        w = torch.arange(1 << 16, dtype=torch.float32)
+        torch.save({"w": w}, mp / "ckpt_1.pt")
+        torch.save({"w": w + 1}, mp / "ckpt_2.pt")      # a delta of ckpt_1 by default
+        raw = (mp / "ckpt_2.pt").read_bytes()
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
         if made_link:
             os.unlink(link)
+    from s4fs.fs import Filesystem
+    from s4fs.report import file_report
+    from s4fs.stores import LocalStore
+    fs = Filesystem(LocalStore(str(store)))
+    try:
+        assert file_report(fs, "ckpt_2.pt")["base"] is None      # nodelta: stored whole
+        assert fs.open_read("ckpt_2.pt").read(0, len(raw)) == raw
+    finally:
+        fs.close()
 
 
 def _resident_pages(path: str) -> tuple[int, int]:
