@@ -1,6 +1,7 @@
 """Decode ahead, alone: how fast a node that never saw a file gets it back.
 
     python bench/fill.py [--gib 0.5] [--repeat 3] [--saves 1] [--devices cpu[,cuda]]
+                         [--whole-too]
                          [--gpu-fill-batch MiB] [--gpu-threads N] [--work DIR]
     bash bench/gpu.sh fill         # --gib 0.6 --repeat 3 --saves 3, cpu and cuda
 
@@ -15,7 +16,9 @@ does (the tail, then the whole file in 1 MiB reads), timing until the last byte.
 The state is synthetic, shaped like a mixed-precision checkpoint: bf16 weights and
 fp32 AdamW moments (10 bytes a parameter). The peer is the local disk: the same bytes
 as a plain file under ``--work``, read the same way after dropping the page cache.
-Timings are printed, never asserted; the bytes read back are checked.
+With ``--whole-too`` each device also stores the last version alone and whole, so a
+delta chain's read compares with the same bytes without one. Timings are printed, never
+asserted; the bytes read back are checked.
 """
 
 from __future__ import annotations
@@ -120,17 +123,22 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
             "fresh": times, "filled": None, "depth": None}
 
 
-def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg) -> dict:
+def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
+        whole: bool = False) -> dict:
+    """Save ``series`` on ``device`` and read its last version as fresh nodes do;
+    ``whole``: only the last version, stored whole (no delta base), in its own store."""
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
     from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
     ingest = IngestConfig(processes=True, device=device)
-    store = os.path.join(work, f"store-{device}")
+    store = os.path.join(work, f"store-{device}" + ("-whole" if whole else ""))
     rt = Runtime(rt_cfg)
+    if whole:
+        series = series[-1:]
 
     def node(name: str):
-        return Filesystem(LocalStore(store), FsConfig(ingest=ingest,
+        return Filesystem(LocalStore(store), FsConfig(ingest=ingest, delta=not whole,
                                                       cache_dir=os.path.join(work, name)),
                           runtime=rt)
     fs = node("writer")
@@ -159,8 +167,8 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg) -> dic
         finally:
             cold.close()
     rt.close()
-    return {"device": device, "stored": stored, "save": saved, "fresh": times,
-            "filled": filled, "depth": depth}
+    return {"device": device + (", stored whole" if whole else ""), "stored": stored,
+            "save": saved, "fresh": times, "filled": filled, "depth": depth}
 
 
 def main() -> None:
@@ -170,6 +178,9 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=1,
                     help="consecutive versions saved; the last (a delta chain) is read")
     ap.add_argument("--devices", help="default: cpu, and cuda where a GPU is usable")
+    ap.add_argument("--whole-too", action="store_true",
+                    help="per device, the same last version stored whole too (no delta "
+                         "chain): what a chain's read compares with")
     ap.add_argument("--gpu-fill-batch", type=int, help="MiB per GPU decode-ahead batch")
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
@@ -186,7 +197,11 @@ def main() -> None:
     data = series[-1]
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
-        rows = [run(d, series, work, a.repeat, rt_cfg) for d in devices.split(",")]
+        rows = []
+        for d in devices.split(","):
+            rows.append(run(d, series, work, a.repeat, rt_cfg))
+            if a.whole_too:
+                rows.append(run(d, series, work, a.repeat, rt_cfg, whole=True))
         rows.append(local_disk(data, work, a.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -351,13 +351,13 @@ def test_the_cpu_delta_rule_codes_the_sampled_winner_first(monkeypatch):
     moment = rng.standard_normal(n // 4).astype(np.float32) * 1e-3
     noise = rng.integers(0, 256, n, dtype=np.uint8)
     part = n // (_rule.SAMPLE_PARTS * _rule.SAMPLE_SHARE)
-    step = (n - part) // (_rule.SAMPLE_PARTS - 1)
+    step = (n - part) // (_rule.SAMPLE_PARTS - 1) // 8 * 8
     sampled = np.zeros(n, bool)
     for i in range(_rule.SAMPLE_PARTS):
         sampled[i * step:i * step + part] = True
     fresh = rng.integers(0, 256, n, dtype=np.uint8)
     off = np.where((rng.random(n) < 0.5) & ~sampled, fresh, noise)    # half the bytes
-    inside = np.where(sampled, fresh, noise)                         # 1/16 of them
+    inside = np.where(sampled, fresh, noise)                         # 1/64 of them
     cases = {
         "weights": (weights, weights + rng.standard_normal(n // 4).astype(np.float32) * 1e-4),
         "moment": (moment, (0.9 * moment + 0.1 * rng.standard_normal(n // 4) * 1e-3)
