@@ -183,6 +183,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         flags.append("--passthrough")
         from _common import passthrough_pyfuse3_env
         env = passthrough_pyfuse3_env()
+    else:                                     # the FUSE request path, whatever is installed
+        flags.append("--no-passthrough")
     cli("mount", store, mnt, *flags, env=env)
     res: dict = {"mode": mode, "save_m": [], "save_l": [], "warm_m": [], "warm_l": []}
     try:

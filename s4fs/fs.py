@@ -36,7 +36,8 @@ from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, N
                        PackCache, ReadHandle)
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
-from s4fs.write import Committer, IngestSession, Journal, State, WriteHandle, new_session
+from s4fs.write import (Committer, IngestSession, Journal, State, WriteHandle, candidates,
+                        new_session)
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
            "WriteHandle"]
@@ -839,11 +840,21 @@ class Filesystem:
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
         """(WriterPort) The ingest of a new version of ``path``, its delta base chosen
-        by the write room (s4fs.write.bases)."""
+        by the write room (s4fs.write.bases). With writeback, a checkpoint saved while
+        the one before it is still being committed waits for that commit (up to
+        BASE_WAIT seconds; then an older base) so that it is coded against it: saves
+        that outpace their commits would otherwise be coded against older ones."""
+        if self.cfg.writeback and self.cfg.delta:
+            near = set(candidates(self, path)) - {path}
+            if near and not self.committer.wait_for(near, BASE_WAIT):
+                log.info("%s: coded against an older base; the commit of %s is still "
+                         "pending", path, ", ".join(sorted(
+                             w.path for w in self.committer.pending() if w.path in near)))
         return new_session(self, path, previous, spool)
 
 
 TEMP_CACHE_PREFIX = "s4fs-cache-"
+BASE_WAIT = 10.0      # seconds a save waits for its likely delta base's pending commit
 
 
 def _writer_attr(path: str, w: WriteHandle) -> Attr:

@@ -14,7 +14,7 @@ It talks to the filesystem only through ports (:class:`WriterPort`,
 ``bases.SessionPort``), never by importing ``s4fs.fs``.
 """
 
-from s4fs.write.bases import choose_base, new_session
+from s4fs.write.bases import candidates, choose_base, new_session
 from s4fs.write.committer import Committer
 from s4fs.write.handle import State, WriteHandle, WriterPort
 from s4fs.write.ingest import IngestSession, PackWriter
@@ -23,4 +23,4 @@ from s4fs.write.spool import Spool, fresh_spool_name
 
 __all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "Spool", "State",
            "fresh_spool_name",
-           "WriteHandle", "WriterPort", "choose_base", "new_session"]
+           "WriteHandle", "WriterPort", "candidates", "choose_base", "new_session"]

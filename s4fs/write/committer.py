@@ -49,6 +49,26 @@ class Committer:
         with self._cond:
             return list(self._queue)
 
+    def wait_for(self, paths: set[str], timeout: float) -> bool:
+        """Wait until no file of ``paths`` is pending on its first try (True), for at
+        most ``timeout`` seconds (False). A file whose commit failed is not waited for:
+        its retry waits for a backoff, and meanwhile this thread's own file may be the
+        one the committer works on. Returns at once on the committer's own thread."""
+        def first_try() -> bool:
+            return any(w.path in paths and w.attempts == 0 for w in self._queue)
+
+        if threading.current_thread() is self._thread:
+            with self._cond:
+                return not first_try()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while first_try():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop:
+                    return False
+                self._cond.wait(left)
+            return True
+
     def _loop(self) -> None:
         while True:
             with self._cond:

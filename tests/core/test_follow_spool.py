@@ -160,3 +160,48 @@ def test_the_next_version_written_behind_after_a_commit_is_coded_again(fs, tmp_p
     coded_up_to(h, len(first) + len(more))
     k.close()
     assert stored_file(tmp_path, "log.bin") == first + more
+
+
+def test_writeback_codes_a_checkpoint_against_the_one_still_committing(tmp_path):
+    """``--writeback --passthrough``: a checkpoint written while the one before it is
+    still being committed (its manifest put takes a second: a slow store) waits for
+    that commit before it starts coding, and is stored as a delta of it — not whole for
+    want of a committed base. Both read back exact."""
+    import threading
+    from s4fs.report import file_report
+
+    class SlowManifests(LocalStore):
+        def __init__(self, root):
+            super().__init__(root)
+            self.slow = threading.Event()
+
+        def put(self, key, data):
+            if key == "files/ckpt_1.pt":
+                self.slow.set()
+                time.sleep(1.0)
+            super().put(key, data)
+
+    store = SlowManifests(str(tmp_path / "store"))
+    fs = Filesystem(store, FsConfig(ingest=IngestConfig(workers=2), writeback=True,
+                                    cache_dir=str(tmp_path / "cache")))
+    g = torch.Generator().manual_seed(3)
+    w = {f"layer{i}.weight": torch.randn(1024, 1024, generator=g) for i in range(4)}
+    saves = []
+    for step in (1, 2):
+        w["layer0.weight"][step] += 1.0          # one row moves: the rest is the same
+        buf = io.BytesIO()
+        torch.save({"model": w, "step": step}, buf)
+        saves.append(buf.getvalue())
+    try:
+        for k, raw in enumerate(saves, 1):
+            kernel = Kernel(fs.open_write(f"ckpt_{k}.pt"))
+            kernel.write(0, raw)
+            kernel.close()                    # writeback: accepted, committed later
+            if k == 1:
+                assert store.slow.wait(30)    # ckpt_1's commit is under way
+        assert fs.sync(timeout=60) == []
+        assert file_report(fs, "ckpt_2.pt")["base"] == "ckpt_1.pt"
+    finally:
+        fs.close()
+    for k, raw in enumerate(saves, 1):
+        assert stored_file(tmp_path, f"ckpt_{k}.pt") == raw
