@@ -844,7 +844,8 @@ class Filesystem:
         the one before it is still being committed waits for that commit (up to
         BASE_WAIT seconds; then an older base) so that it is coded against it: saves
         that outpace their commits would otherwise be coded against older ones."""
-        if self.cfg.writeback and self.cfg.delta:
+        if self.cfg.writeback and self.cfg.delta and \
+                any(w.path != path for w in self.committer.pending()):
             near = set(candidates(self, path)) - {path}
             if near and not self.committer.wait_for(near, BASE_WAIT):
                 log.info("%s: coded against an older base; the commit of %s is still "
