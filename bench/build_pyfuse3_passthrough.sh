@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build pyfuse3 with FUSE passthrough: the Python floor of bench/train_loop.py's
 # fuse-floor-pt modes (bench/_fuse_floor.py --passthrough), and the binding a
-# passthrough s4fs mount needs (docs/BENCHMARKS.md §10). Nothing of it goes into s4fs yet.
+# passthrough s4fs mount needs (`make passthrough` installs it; a mount uses it where
+# it is installed: docs/OPERATING.md).
 #
 #   bash bench/build_pyfuse3_passthrough.sh DEST
 #
