@@ -5,8 +5,8 @@ errno in exactly one place (:func:`_fuse_errors`). Imports pyfuse3 and trio, so 
 imported only by the mount daemon.
 """
 
-from ._daemon import (mount_foreground, passthrough_problem, prepare_mountpoint, run_daemon,
+from ._daemon import (mount_foreground, prepare_mountpoint, require_passthrough, run_daemon,
                       unmount)
 
-__all__ = ["mount_foreground", "passthrough_problem", "prepare_mountpoint", "run_daemon",
+__all__ = ["mount_foreground", "prepare_mountpoint", "require_passthrough", "run_daemon",
            "unmount"]

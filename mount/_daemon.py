@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from s4fs.errors import Busy, S4Error
+from s4fs.errors import Busy, InvalidArgument
 
 log = logging.getLogger("s4fs.mount")
 
@@ -185,17 +185,23 @@ def _notify(msg: str) -> None:
 
 
 def passthrough_problem() -> str | None:
-    """Why FUSE passthrough cannot be used here (a message for the user), or None. The
-    kernel's own answer (Linux >= 6.9, ``CAP_SYS_ADMIN``) comes at the first open."""
+    """What FUSE passthrough needs that this machine lacks ("needs ...", for the user), or
+    None. The kernel's own answer (Linux >= 6.9, ``CAP_SYS_ADMIN``) comes at the first
+    open."""
     import pyfuse3
     if not hasattr(pyfuse3, "get_session_fd"):
-        return ("--passthrough needs pyfuse3 built with FUSE passthrough (`make "
-                "passthrough`, docs/OPERATING.md); this pyfuse3 cannot hand the kernel a "
-                "backing file — mount without --passthrough")
+        return ("needs pyfuse3 built with FUSE passthrough (`make passthrough`, "
+                "docs/OPERATING.md); this pyfuse3 cannot hand the kernel a backing file")
     if os.geteuid() != 0:
-        return ("--passthrough needs root (the kernel registers backing files only for "
-                "CAP_SYS_ADMIN) — mount as root, or without --passthrough")
+        return ("needs root (the kernel registers backing files only for CAP_SYS_ADMIN)")
     return None
+
+
+def require_passthrough() -> None:
+    """``--passthrough``: refuse the mount, saying why, where passthrough cannot be had."""
+    problem = passthrough_problem()
+    if problem:
+        raise InvalidArgument(f"--passthrough {problem} — mount without --passthrough")
 
 
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
@@ -213,16 +219,14 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
 
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
-    if passthrough != "off":
-        problem = passthrough_problem()
-        if problem and passthrough == "on":
-            raise S4Error(problem)
-        if problem:
-            log.info("FUSE passthrough off: %s", problem.split(" — ")[0].replace(
-                "--passthrough needs", "it needs"))
-        else:
-            ops.enable_passthrough = True
-            ops.passthrough_optional = passthrough == "auto"
+    if passthrough == "on":
+        require_passthrough()
+    problem = passthrough_problem() if passthrough == "auto" else None
+    if problem:
+        log.info("FUSE passthrough off: it %s", problem)
+    elif passthrough != "off":
+        ops.enable_passthrough = True
+        ops.passthrough_optional = passthrough == "auto"
     ingest = fs.cfg.ingest
     if ingest.processes:
         # start the coding worker processes now, beside the mount: the first save should

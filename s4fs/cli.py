@@ -67,11 +67,8 @@ def _parse_size(text: str) -> int:
 def cmd_mount(args) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
     if args.passthrough == "on":
-        from s4fs.mount import passthrough_problem
-        problem = passthrough_problem()
-        if problem:
-            from s4fs.errors import InvalidArgument
-            raise InvalidArgument(problem)
+        from s4fs.mount import require_passthrough
+        require_passthrough()
     if not args.foreground:
         from s4fs.mount import run_daemon
         argv = ["mount", args.store, mountpoint]
@@ -539,6 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+# mount(8) options without a value, as the mount's flags
+_FLAG_OPTIONS = {"writeback": "--writeback", "passthrough": "--passthrough",
+                 "nopassthrough": "--no-passthrough", "nodelta": "--no-delta"}
+
+
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
     and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
@@ -565,11 +567,8 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd += ["--cache-dir", v]
         elif k == "device":
             cmd += ["--device", v]
-        elif k == "writeback":
-            cmd.append("--writeback")
-        elif k in ("passthrough", "nopassthrough", "nodelta"):
-            cmd.append({"passthrough": "--passthrough", "nopassthrough": "--no-passthrough",
-                        "nodelta": "--no-delta"}[k])
+        elif k in _FLAG_OPTIONS:
+            cmd.append(_FLAG_OPTIONS[k])
         elif k == "cache_size":
             cmd += ["--cache-size", v]
         elif k == "workers":

@@ -37,17 +37,18 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
         return codec.compress(data, dtype, device=device), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
-    guess = guess_sizes(data, dtype, base_raw) if device == "cpu" else None
-    if guess is not None and guess[1] is not None and not keep_delta(*guess, cfg):
+    guess_delta, guess_full = (guess_sizes(data, dtype, base_raw) if device == "cpu"
+                               else None) or (None, None)
+    if guess_full is not None and not keep_delta(guess_delta, guess_full, cfg):
         full = codec.compress(data, dtype, device=device)     # the sample says: whole
-        if not keep_delta(guess[0], len(full), cfg):
+        if not keep_delta(guess_delta, len(full), cfg):
             return full, FULL
         delta = codec.compress(data, dtype, base=base_raw, device=device)
         return (delta, DELTA) if keep_delta(len(delta), len(full), cfg) else (full, FULL)
     delta = codec.compress(data, dtype, base=base_raw, device=device)
     if delta_is_tiny(len(delta), len(data)):
         return delta, DELTA
-    if guess is not None and guess[1] is not None and keep_delta(len(delta), guess[1], cfg):
+    if guess_full is not None and keep_delta(len(delta), guess_full, cfg):
         return delta, DELTA                                     # the sample says: delta
     full = codec.compress(data, dtype, device=device)
     if keep_delta(len(delta), len(full), cfg):
@@ -81,11 +82,12 @@ def guess_sizes(data, dtype: str, base_raw) -> tuple[int, int | None] | None:
         return None
     new = np.frombuffer(data, np.uint64)
     old = np.frombuffer(base_raw, np.uint64)
-    step = (n - part) // (SAMPLE_PARTS - 1) // 8 * 8
-    w = part // 8
-    sample = np.concatenate([new[i * step // 8:i * step // 8 + w] for i in range(SAMPLE_PARTS)])
-    base_sample = np.concatenate([old[i * step // 8:i * step // 8 + w]
-                                  for i in range(SAMPLE_PARTS)])
+    step, w = (n - part) // (SAMPLE_PARTS - 1) // 8, part // 8       # in 8-byte words
+
+    def slices(words: np.ndarray) -> np.ndarray:
+        return np.concatenate([words[i * step:i * step + w] for i in range(SAMPLE_PARTS)])
+
+    sample, base_sample = slices(new), slices(old)
     changed = np.count_nonzero(new != old) / len(new)
     if abs(np.count_nonzero(sample != base_sample) / len(sample) - changed) > SAMPLE_SPREAD:
         return None
