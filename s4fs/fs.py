@@ -388,13 +388,22 @@ class Filesystem:
         if not a.is_dir:
             raise NotADirectory(f"{path!r} is not a directory")
         pre = path + "/" if path else ""
-        names = set()
+        names, files = set(), []
         for prefix in (keys.FILES, keys.DIRS):
             for obj in self.store.list(prefix + pre):
                 rest = obj.key[len(prefix) + len(pre):]
                 if rest:
                     names.add(rest.split("/", 1)[0])
+                    if prefix == keys.FILES and "/" not in rest:
+                        files.append(pre + rest)
         with self._lock:
+            # the listing is newer than a cached "no such file" of a name it holds (a
+            # file another mount created since): forget those, or a stat of the name
+            # would hide a file the listing shows
+            for p in files:
+                hit = self._manifests.get(p)
+                if hit is not None and hit[1] is None:
+                    del self._manifests[p]
             for p in self._writers:
                 if keys.parent(p) == path:
                     names.add(keys.basename(p))

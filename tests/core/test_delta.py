@@ -444,3 +444,4 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
                    for s in m1.streams for c in s.chunks)
     assert "s4fs verify" in caplog.text
 
+

@@ -405,3 +405,30 @@ def test_s3_key_past_1024_bytes_is_enametoolong(make_s3_store):
     with pytest.raises(OSError) as err:
         store.put("files/" + "/".join(["b" * 250] * 5), b"x")
     assert err.value.errno == _errno.ENAMETOOLONG
+
+
+def test_a_listing_shows_a_file_another_mount_just_created(tmp_path):
+    """Two filesystems on one store (two nodes): the second looked the name up before
+    the first created it (it remembers "no such file" for a second), then lists the
+    folder: every name the listing holds can be looked up at once, with its bytes."""
+    from s4fs.fs import Filesystem
+    store = str(tmp_path / "st")
+    a, b = Filesystem(LocalStore(store)), Filesystem(LocalStore(store))
+    data = b"written on node a"
+    try:
+        assert not b.exists(".metadata")
+        h = a.open_write(".metadata")
+        h.write(0, data)
+        h.flush()
+        h.release()
+        assert ".metadata" in b.listdir("")
+        assert b.stat(".metadata").size == len(data)
+        r = b.open_read(".metadata")
+        try:
+            assert r.read(0, len(data)) == data
+        finally:
+            r.release()
+    finally:
+        a.close()
+        b.close()
+
