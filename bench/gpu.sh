@@ -21,7 +21,8 @@
 #           mount): blocked s, overhead; TRAIN_MODES=a,b,... runs some;
 #           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT
 #           (TRAIN_PYSPY=0: the logs alone);
-#           TRAIN_GIB, TRAIN_EVERY, TRAIN_CKPTS: state size, steps, checkpoints (560 s)
+#           TRAIN_GIB, TRAIN_EVERY, TRAIN_CKPTS: state size, steps, checkpoints;
+#           TRAIN_ROUNDS: run the modes that many times, alternating order (560 s)
 #   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
 #           local disk, through one --device cuda mount and with s4fs.dcp's
 #           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB,
@@ -123,7 +124,7 @@ for suite in "$@"; do
             echo "# patched pyfuse3 for fuse-floor-pt: ${S4FS_PYFUSE3_PASSTHROUGH:-build failed}" >>"$LOG"
         fi
         run $((560 - (SECONDS - t0))) python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
-            --checkpoints "${TRAIN_CKPTS:-4}" --work /tmp \
+            --checkpoints "${TRAIN_CKPTS:-4}" --rounds "${TRAIN_ROUNDS:-1}" --work /tmp \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
         ;;
     multi-gpu)

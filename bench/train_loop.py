@@ -48,6 +48,10 @@ same state (each starts from a copy), so run times compare.
 
     python bench/train_loop.py --gib 1.7 --every 200 --checkpoints 4      # the H200 box
     python bench/train_loop.py --gib 0.05 --every 20 --checkpoints 3 --device cpu   # a CPU box
+
+With ``--rounds N`` the modes run N times, every other round in reverse order, and each
+figure is the median over all rounds (the ratio of delta saves to whole saves is also
+printed round by round): a lease's drift then falls on both sides of a comparison.
 """
 
 from __future__ import annotations
@@ -292,11 +296,21 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
             os.makedirs(profile, exist_ok=True)
             shutil.copy(os.path.join(mode.work, "cache", "s4fs-mount.log"),
                         os.path.join(profile, f"{name}.daemon.log"))
-    return {"blocked": statistics.median(blocked) if blocked and name != "none" else 0.0,
-            "first": blocked[0] if blocked and name != "none" else 0.0,
-            "later": statistics.median(blocked[1:]) if len(blocked) > 1 and name != "none"
-            else 0.0,
-            "wall": wall, "drain": drain, "stored": stored}
+    return summary(name, [{"blocked": blocked, "wall": wall, "drain": drain,
+                           "stored": stored}])
+
+
+def summary(name: str, rounds: list[dict]) -> dict:
+    """One mode's figures over its rounds: medians of its saves (all, first, later), of
+    its run times and drains; ``rounds`` keeps each round's own."""
+    saves = [b for r in rounds for b in r["blocked"]] if name != "none" else []
+    later = [b for r in rounds for b in r["blocked"][1:]] if name != "none" else []
+    return {"blocked": statistics.median(saves) if saves else 0.0,
+            "first": statistics.median(r["blocked"][0] for r in rounds) if saves else 0.0,
+            "later": statistics.median(later) if later else 0.0,
+            "wall": statistics.median(r["wall"] for r in rounds),
+            "drain": statistics.median(r["drain"] for r in rounds),
+            "stored": rounds[-1]["stored"], "rounds": rounds}
 
 
 def main(argv=None) -> int:
@@ -305,6 +319,9 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=200, help="training steps per checkpoint")
     ap.add_argument("--checkpoints", type=int, default=4)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the modes this many times, each round in the reverse order "
+                         "of the last (medians over all rounds; per-round ratios printed)")
     ap.add_argument("--device", default=None, help="cuda (default where there is one) or cpu")
     ap.add_argument("--work", default=None, help="folder on the disk to measure (a temp dir)")
     ap.add_argument("--profile", default=None, metavar="DIR",
@@ -344,21 +361,33 @@ def main(argv=None) -> int:
           + f"; torch {torch.__version__}")
     print(f"# state {size / 2**30:.2f} GiB (fp32 weights + AdamW), a checkpoint every "
           f"{args.every} steps, {args.checkpoints} checkpoints; work dir {work}")
-    results = {}
+    rounds: dict[str, list[dict]] = {}
     try:
-        for name in modes:
-            try:
-                results[name] = run(trainer, start, name, work, args.every,
-                                    args.checkpoints, device, args.profile)
-            except Exception as exc:             # noqa: BLE001 - reported, the rest runs
-                print(f"# {name} failed: {type(exc).__name__}: {exc}")
-            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
-            r = results.get(name)
-            if r:
-                print(f"#   {name}: blocked {r['blocked']:.3f} s per checkpoint, "
-                      f"run {r['wall']:.2f} s", flush=True)
+        for k in range(args.rounds):
+            for name in (modes if k % 2 == 0 else modes[::-1]):
+                try:
+                    r = run(trainer, start, name, work, args.every, args.checkpoints,
+                            device, args.profile)
+                    rounds.setdefault(name, []).extend(r["rounds"])
+                    print(f"#   {name}" + (f" (round {k + 1})" if args.rounds > 1 else "")
+                          + f": blocked {r['blocked']:.3f} s per checkpoint ("
+                          + " ".join(f"{b:.2f}" for b in r["rounds"][0]["blocked"])
+                          + f"), run {r['wall']:.2f} s", flush=True)
+                except Exception as exc:         # noqa: BLE001 - reported, the rest runs
+                    print(f"# {name} failed: {type(exc).__name__}: {exc}")
+                shutil.rmtree(os.path.join(work, name), ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    results = {name: summary(name, rounds[name]) for name in modes if name in rounds}
+    if args.rounds > 1:
+        for name, r in results.items():
+            whole = results.get(name + "-full") if "-pt" in name else None
+            if whole and len(whole["rounds"]) == len(r["rounds"]):
+                each = [statistics.median(a["blocked"][1:]) / statistics.median(b["blocked"][1:])
+                        for a, b in zip(r["rounds"], whole["rounds"])
+                        if len(a["blocked"]) > 1 and len(b["blocked"]) > 1]
+                print(f"# {name} later x {name}-full, round by round: "
+                      + ", ".join(f"{x:.2f}x" for x in each))
     base = results.get("none", {}).get("wall")
     ref_sync = results.get("local+sync", {}).get("blocked")
     ref_page = results.get("local", {}).get("blocked")
