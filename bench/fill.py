@@ -82,16 +82,20 @@ def save(fs, path: str, data: bytes) -> None:
     h.release()
 
 
-def read_as_torch_load(fs, path: str) -> tuple[bytes, bool]:
-    """The file's bytes, read as torch.load reads, and whether a fill served them."""
+def read_as_torch_load(fs, path: str) -> tuple[bytes, bool, float, float]:
+    """The file's bytes, read as torch.load reads, whether a fill served them, and the
+    seconds until the open returned and until the tail (the zip directory) was read."""
+    t0 = time.perf_counter()
     r = fs.open_read(path)
+    opened = time.perf_counter() - t0
     try:
         size = r.size
         r.read(size - 22, 22)
+        tail = time.perf_counter() - t0
         out = bytearray()
         while len(out) < size:
             out += r.read(len(out), 1 << 20)
-        return bytes(out), r._fill is not None
+        return bytes(out), r._fill is not None, opened, tail
     finally:
         r.release()
 
@@ -120,7 +124,7 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
             raise SystemExit("local disk: the bytes read back differ")
     os.unlink(path)
     return {"device": "local disk (file + os.sync)", "stored": len(data), "save": saved,
-            "fresh": times, "filled": None, "depth": None}
+            "fresh": times, "filled": None, "depth": None, "open": None, "tail": None}
 
 
 def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
@@ -153,14 +157,16 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
         depth = max((c.depth for st in m.streams for c in st.chunks), default=0)
     finally:
         fs.close()
-    times, filled = [], True
+    times, filled, opens, tails = [], True, [], []
     for k in range(repeat):
         cold = node(f"fresh{k}")
         try:
             drop_caches()
             t0 = time.perf_counter()
-            got, ahead = read_as_torch_load(cold, "ckpt.pt")
+            got, ahead, opened, tail = read_as_torch_load(cold, "ckpt.pt")
             times.append(time.perf_counter() - t0)
+            opens.append(opened)
+            tails.append(tail)
             filled = filled and ahead
             if got != data:
                 raise SystemExit(f"{device}: the bytes read back differ")
@@ -168,7 +174,8 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
             cold.close()
     rt.close()
     return {"device": device + (", stored whole" if whole else ""), "stored": stored,
-            "save": saved, "fresh": times, "filled": filled, "depth": depth}
+            "save": saved, "fresh": times, "filled": filled, "depth": depth,
+            "open": statistics.median(opens), "tail": statistics.median(tails)}
 
 
 def main() -> None:
@@ -184,7 +191,13 @@ def main() -> None:
     ap.add_argument("--gpu-fill-batch", type=int, help="MiB per GPU decode-ahead batch")
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="log each decode ahead (batches, seconds, the first batch's)")
     a = ap.parse_args()
+    if a.verbose:
+        import logging
+        logging.basicConfig(level=logging.WARNING, format="# %(name)s: %(message)s")
+        logging.getLogger("s4fs.read.fill").setLevel(logging.INFO)
     from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.codec import gpu_available
     from s4fs.runtime import RuntimeConfig
@@ -211,8 +224,8 @@ def main() -> None:
           f"{rt_cfg.gpu_fill_batch >> 20} MiB, GPU worker threads {gpu_pool.THREADS}; "
           f"fresh node = empty cache dir, page cache dropped; median of {a.repeat}")
     print("| device | stored % (last version) | delta depth | last save s (no FUSE) | "
-          "fresh-node read s | GB/s | runs | decoded ahead |")
-    print("|---|---:|---:|---:|---:|---:|---|---|")
+          "fresh-node read s | GB/s | runs | open s | tail read s | decoded ahead |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for r in rows:
         med = statistics.median(r["fresh"])
         depth = "-" if r["depth"] is None else r["depth"]
@@ -220,7 +233,8 @@ def main() -> None:
               f"{r['save']:.2f} | "
               f"{med:.2f} | {len(data) / med / 1e9:.2f} | "
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "
-              f"{'-' if r['filled'] is None else 'yes' if r['filled'] else 'no'} |")
+              + ("- | - | " if r["open"] is None else f"{r['open']:.3f} | {r['tail']:.3f} | ")
+              + f"{'-' if r['filled'] is None else 'yes' if r['filled'] else 'no'} |")
 
 
 if __name__ == "__main__":
