@@ -1,7 +1,8 @@
 """Decode ahead, alone: how fast a node that never saw a file gets it back.
 
     python bench/fill.py [--gib 0.5] [--repeat 3] [--saves 1] [--devices cpu[,cuda]]
-                         [--whole-too]
+                         [--whole-too] [--source synthetic|minilm|gpt] [--every N]
+                         [--max-chain-read X[,Y...]]
                          [--gpu-fill-batch MiB] [--gpu-threads N] [--work DIR]
     bash bench/gpu.sh fill         # --gib 0.6 --repeat 3 --saves 3, cpu and cuda
 
@@ -13,12 +14,19 @@ worker processes; with ``--saves N`` a series, the last version a delta chain as
 training run's is), then, ``--repeat`` times, opens it as a fresh node would (an empty
 cache dir, the page cache dropped when run as root) and reads it as ``torch.load``
 does (the tail, then the whole file in 1 MiB reads), timing until the last byte.
-The state is synthetic, shaped like a mixed-precision checkpoint: bf16 weights and
-fp32 AdamW moments (10 bytes a parameter). The peer is the local disk: the same bytes
+The state is synthetic by default, shaped like a mixed-precision checkpoint: bf16
+weights and fp32 AdamW moments (10 bytes a parameter), a tenth of the weights moved
+between versions; ``--source minilm`` (all-MiniLM-L6-v2 fine-tuned here, fp32 weights
+and AdamW state, replicas up to ``--gib``) or ``--source gpt`` (a byte-level GPT
+trained here, bf16 weights + fp32 AdamW) give real consecutive checkpoints instead,
+``--every`` optimizer steps apart, as bench/mount.py makes them. The peer is the local disk: the same bytes
 as a plain file under ``--work``, read the same way after dropping the page cache.
 With ``--whole-too`` each device also stores the last version alone and whole, so a
-delta chain's read compares with the same bytes without one. Timings are printed, never
-asserted; the bytes read back are checked.
+delta chain's read compares with the same bytes without one; ``--max-chain-read``
+(``IngestConfig.max_chain_read``, several values: one row each) bounds the chains.
+"chain read %" is what a fresh node fetches for the last version (every blob of every
+chunk's chain) against its logical size. Timings are printed, never asserted; the
+bytes read back are checked.
 """
 
 from __future__ import annotations
@@ -61,6 +69,20 @@ def series_bytes(gib: float, saves: int) -> list[bytes]:
         out.append(buf.getvalue())
         for w in weights.values():
             w[:: 10] += torch.randn(w[:: 10].numel(), generator=g) * 1e-3
+    return out
+
+
+def series_real(source: str, gib: float, saves: int, every: int) -> list[bytes]:
+    """``saves`` consecutive checkpoints of a real training run, as torch.save writes
+    them (bench/mount.py's series)."""
+    import torch
+    import mount
+    states = (mount.series_gpt if source == "gpt" else mount.series)(gib, saves, every)
+    out = []
+    for sd in states:
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        out.append(buf.getvalue())
     return out
 
 
@@ -123,20 +145,36 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
         if out != data:
             raise SystemExit("local disk: the bytes read back differ")
     os.unlink(path)
-    return {"device": "local disk (file + os.sync)", "stored": len(data), "save": saved,
+    return {"device": "local disk (file + os.sync)", "stored": len(data),
+            "fetched": len(data), "save": saved,
             "fresh": times, "filled": None, "depth": None, "open": None, "tail": None}
 
 
+def chain_read(m) -> int:
+    """Stored bytes a node with nothing cached fetches to read version ``m``: every blob
+    of every chunk's delta chain, once."""
+    seen = {}
+    for st in m.streams:
+        for ref in st.chunks:
+            while ref is not None:
+                seen[ref.key()] = ref.stored
+                ref = ref.base
+    return sum(seen.values())
+
+
 def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
-        whole: bool = False) -> dict:
+        whole: bool = False, chain: float | None = None) -> dict:
     """Save ``series`` on ``device`` and read its last version as fresh nodes do;
-    ``whole``: only the last version, stored whole (no delta base), in its own store."""
+    ``whole``: only the last version, stored whole (no delta base), in its own store;
+    ``chain``: the ingest's max_chain_read (None: its default)."""
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
     from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
-    ingest = IngestConfig(processes=True, device=device)
-    store = os.path.join(work, f"store-{device}" + ("-whole" if whole else ""))
+    ingest = IngestConfig(processes=True, device=device) if chain is None else \
+        IngestConfig(processes=True, device=device, max_chain_read=chain)
+    label = device + ("" if chain is None or whole else f", max_chain_read {chain:g}")
+    store = os.path.join(work, f"store-{label}" + ("-whole" if whole else ""))
     rt = Runtime(rt_cfg)
     if whole:
         series = series[-1:]
@@ -154,6 +192,7 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
             saved = time.perf_counter() - t0
         m = fs.manifest("ckpt.pt")
         stored = m.stored_bytes()
+        fetched = chain_read(m)
         depth = max((c.depth for st in m.streams for c in st.chunks), default=0)
     finally:
         fs.close()
@@ -173,8 +212,9 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
         finally:
             cold.close()
     rt.close()
-    return {"device": device + (", stored whole" if whole else ""), "stored": stored,
-            "save": saved, "fresh": times, "filled": filled, "depth": depth,
+    return {"device": label + (", stored whole" if whole else ""), "stored": stored,
+            "fetched": fetched, "save": saved, "fresh": times, "filled": filled,
+            "depth": depth,
             "open": statistics.median(opens), "tail": statistics.median(tails)}
 
 
@@ -191,6 +231,12 @@ def main() -> None:
     ap.add_argument("--gpu-fill-batch", type=int, help="MiB per GPU decode-ahead batch")
     ap.add_argument("--gpu-threads", type=int, help="threads of the GPU worker process")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
+    ap.add_argument("--source", default="synthetic", choices=["synthetic", "minilm", "gpt"],
+                    help="what the checkpoints hold (see above)")
+    ap.add_argument("--max-chain-read", help="IngestConfig.max_chain_read, comma-separated "
+                    "values: a row each (default: the config's default)")
+    ap.add_argument("--every", type=int, default=5,
+                    help="optimizer steps between two checkpoints of a real source")
     ap.add_argument("--verbose", action="store_true",
                     help="log each decode ahead (batches, seconds, the first batch's)")
     a = ap.parse_args()
@@ -206,30 +252,37 @@ def main() -> None:
               else RuntimeConfig())
     if a.gpu_threads:
         gpu_pool.THREADS = a.gpu_threads
-    series = series_bytes(a.gib, a.saves)
+    series = (series_bytes(a.gib, a.saves) if a.source == "synthetic" else
+              series_real(a.source, a.gib, a.saves, a.every))
     data = series[-1]
     work = tempfile.mkdtemp(prefix="s4fs-fill-", dir=a.work)
     try:
         rows = []
+        chains = [float(x) for x in a.max_chain_read.split(",")] if a.max_chain_read \
+            else [None]
         for d in devices.split(","):
-            rows.append(run(d, series, work, a.repeat, rt_cfg))
+            for chain in chains:
+                rows.append(run(d, series, work, a.repeat, rt_cfg, chain=chain))
             if a.whole_too:
                 rows.append(run(d, series, work, a.repeat, rt_cfg, whole=True))
         rows.append(local_disk(data, work, a.repeat))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/fill.py — {os.cpu_count()} cores; {len(data) / (1 << 30):.2f} GiB "
-          f"synthetic bf16 weights + fp32 AdamW moments, version {a.saves} of a "
-          f"series; GPU fill batches "
+          + ("synthetic bf16 weights + fp32 AdamW moments" if a.source == "synthetic" else
+             f"{a.source} training checkpoints {a.every} steps apart")
+          + f", version {a.saves} of a series; GPU fill batches "
           f"{rt_cfg.gpu_fill_batch >> 20} MiB, GPU worker threads {gpu_pool.THREADS}; "
           f"fresh node = empty cache dir, page cache dropped; median of {a.repeat}")
-    print("| device | stored % (last version) | delta depth | last save s (no FUSE) | "
+    print("| device | stored % (last version) | chain read % | delta depth | "
+          "last save s (no FUSE) | "
           "fresh-node read s | GB/s | runs | open s | tail read s | decoded ahead |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for r in rows:
         med = statistics.median(r["fresh"])
         depth = "-" if r["depth"] is None else r["depth"]
-        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | {depth} | "
+        print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | "
+              f"{100 * r['fetched'] / len(data):.1f} | {depth} | "
               f"{r['save']:.2f} | "
               f"{med:.2f} | {len(data) / med / 1e9:.2f} | "
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "

@@ -100,7 +100,11 @@ for suite in "$@"; do
         done
         ;;
     fill)
-        run 150 python3 "$B/fill.py" --gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda --work /tmp
+        # FILL_SOURCES: bench/fill.py's --source values, a run each; FILL_ARGS its options
+        for src in ${FILL_SOURCES:-synthetic}; do
+            run "${FILL_SECONDS:-150}" python3 "$B/fill.py" --source "$src" \
+                ${FILL_ARGS:---gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda} --work /tmp
+        done
         ;;
     ingest)
         S4FS_BENCH_WEIGHTS=$W run 200 python3 "$B/ingest.py" --gib 1 --repeat 3

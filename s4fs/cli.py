@@ -42,11 +42,26 @@ def _fs_config(args):
                           processes=workers != 0)
     if workers:
         ingest = dataclasses.replace(ingest, workers=workers)
+    chain = getattr(args, "max_chain_read", None)
+    if chain is not None:
+        ingest = dataclasses.replace(ingest, max_chain_read=chain)
     return FsConfig(ingest=ingest,
                     delta=not getattr(args, "no_delta", False),
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
+
+
+def _chain_factor(text: str) -> float:
+    """``--max-chain-read``'s value: a number >= 1."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not x >= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a factor >= 1 (e.g. 1.25; 1 stores every change whole)")
+    return x
 
 
 def _parse_size(text: str) -> int:
@@ -91,6 +106,8 @@ def cmd_mount(args) -> int:
             argv.append("--passthrough" if args.passthrough == "on" else "--no-passthrough")
         if args.no_delta:
             argv.append("--no-delta")
+        if args.max_chain_read is not None:
+            argv += ["--max-chain-read", repr(args.max_chain_read)]
         if args.cache_size is not None:
             argv += ["--cache-size", args.cache_size]
         if args.workers:
@@ -453,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-delta", action="store_true",
                    help="store every file whole, never as a delta of the previous "
                         "checkpoint (each stands alone; more bytes stored)")
+    m.add_argument("--max-chain-read", type=_chain_factor, metavar="X",
+                   help="a checkpoint is stored as a delta of the one before only while "
+                        "the chunk's delta chain holds at most X times the bytes of its "
+                        "last whole copy: what a fresh node fetches and decodes to load "
+                        "it (default 1.25; 1 stores every change whole, larger values "
+                        "trade slower fresh-node loads for fewer stored bytes)")
     m.add_argument("--cache-size",
                    help="disk kept for whole files just written or read (e.g. 20G; 0: "
                         "off; default a quarter of the cache disk's free space, <= 64G)")
@@ -544,7 +567,8 @@ _FLAG_OPTIONS = {"writeback": "--writeback", "passthrough": "--passthrough",
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
     and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
-    passthrough, nopassthrough, nodelta, cache_size=N, workers=N, uid=N, gid=N; generic
+    passthrough, nopassthrough, nodelta, cache_size=N, workers=N, max_chain_read=X,
+    uid=N, gid=N; generic
     mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2:
@@ -573,6 +597,8 @@ def mount_helper(argv: list[str] | None = None) -> int:
             cmd += ["--cache-size", v]
         elif k == "workers":
             cmd += ["--workers", v]
+        elif k == "max_chain_read":
+            cmd += ["--max-chain-read", v]
         elif k in ("uid", "gid"):
             cmd += [f"--{k}", v]
         elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):

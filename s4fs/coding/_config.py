@@ -27,6 +27,12 @@ class IngestConfig:
     # waits on (a nice value for the coding threads; 0 keeps the normal priority)
     nice: int = 10
     max_delta_depth: int = 4           # a delta chain never grows past this
+    # A delta chain never holds more than this many times its root's stored bytes (the
+    # root blob and every delta on it, the new one included): what a node with nothing
+    # cached fetches and decodes to read the chunk. Bounds a fresh node's load against
+    # the same version stored whole; 1.0 turns deltas off (identical chunks still reuse
+    # their base's blob), a large value leaves max_delta_depth the only bound.
+    max_chain_read: float = 1.25
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
     # A session fed from a spool file codes in worker processes (s4fs.coding's CPU
     # workers or GPU worker) when this is set (the mount sets it): chunks are sent as

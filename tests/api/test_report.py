@@ -39,8 +39,13 @@ def train_and_save(save, steps=(5, 10, 15, 20)):
 
 
 def hf_run_in_store(root) -> str:
-    """HF Trainer's layout: run/checkpoint-N/{model.pt, optimizer.pt} in a local store."""
-    s4fs.filesystem(str(root))
+    """HF Trainer's layout: run/checkpoint-N/{model.pt, optimizer.pt} in a local store,
+    with the delta chains' read budget raised so that these dense fine-tuning steps are
+    stored as deltas (the report's delta column has something to count)."""
+    from s4fs.coding import IngestConfig
+    from s4fs.fs import FsConfig
+    s4fs.filesystem(str(root), FsConfig(decoded_cache_bytes=0,
+                                        ingest=IngestConfig(max_chain_read=4.0)))
 
     def save(step, state):
         fs, _ = s4fs.resolve(os.path.join(root, "x"), create=True)

@@ -96,7 +96,8 @@ def test_delta_is_smaller_and_exact(tmp_path):
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_depth_bound(tmp_path, depth):
-    fs = make_fs(tmp_path / "s", max_delta_depth=depth)
+    # the read budget (max_chain_read) bounds chains too: out of the way here
+    fs = make_fs(tmp_path / "s", max_delta_depth=depth, max_chain_read=100.0)
     data = series(7)
     for i, d in enumerate(data):
         put(fs, f"c/step-{i}.pt", d)
@@ -106,6 +107,72 @@ def test_depth_bound(tmp_path, depth):
         longest = max(longest, max(chain_len(c) for s in m.streams for c in s.chunks))
         assert get(fs, f"c/step-{i}.pt") == d
     assert longest == depth                          # reached, never exceeded
+    fs.close()
+
+
+def dense_series(n=4, size=1 << 18, seed=1):
+    """Every weight moves every step, as in dense training: an XOR delta keeps about
+    half the bytes of the whole coding (worth storing only while chains stay short)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(size).astype(np.float32)
+    out = []
+    for i in range(n):
+        w = w + rng.standard_normal(size).astype(np.float32) * 1e-4
+        out.append(tbytes({"w": torch.from_numpy(w.copy()), "step": i}))
+    return out
+
+
+def chain_stored(ref) -> tuple[int, int]:
+    total = 0
+    while ref.base is not None:
+        total += ref.stored
+        ref = ref.base
+    return total + ref.stored, ref.stored
+
+
+@pytest.mark.parametrize("budget", [None, 1.0, 2.0, 100.0])
+def test_chains_keep_within_their_read_budget(tmp_path, budget):
+    """A chunk's delta chain (root blob + every delta on it) never holds more than
+    max_chain_read times its root's stored bytes — what a node with nothing cached
+    fetches for it — and every version reads back exactly; a larger budget still
+    stores deltas, 1.0 none."""
+    kw = {} if budget is None else {"max_chain_read": budget}
+    fs = make_fs(tmp_path / "s", **kw)
+    limit = fs.cfg.ingest.max_chain_read
+    assert budget is not None or limit == 1.25                   # the default
+    data = dense_series()
+    for i, d in enumerate(data):
+        put(fs, f"run/ckpt_{i}.pt", d)
+    deltas, worst = 0, 0.0
+    for i, d in enumerate(data):
+        m = fs.manifest(f"run/ckpt_{i}.pt")
+        for st in m.streams:
+            for c in st.chunks:
+                total, root = chain_stored(c)
+                worst = max(worst, total / root)
+                deltas += c.base is not None
+        assert get(fs, f"run/ckpt_{i}.pt") == d
+    assert worst <= limit, (worst, limit)
+    if limit == 1.0:
+        assert deltas == 0
+    if limit >= 2.0:
+        assert deltas > 0 and worst > 1.25        # the dense deltas this budget allows
+    fs.close()
+
+
+def test_an_unchanged_chunk_reuses_its_base_whatever_the_budget(tmp_path):
+    """Identical chunks cost nothing to store or read: a budget of 1 does not turn them
+    into copies."""
+    fs = make_fs(tmp_path / "s", max_chain_read=1.0)
+    data = series(3)
+    for i, d in enumerate(data):
+        put(fs, f"run/ckpt_{i}.pt", d)
+    first, last = fs.manifest("run/ckpt_0.pt"), fs.manifest("run/ckpt_2.pt")
+    reused = [a.name for a, b in zip(first.streams, last.streams)
+              if a.kind == "tensor" and [c.key() for c in a.chunks] == [c.key() for c in b.chunks]]
+    assert len(reused) == 1, reused                    # the frozen tensor, and only it
+    assert not any(c.base for st in last.streams for c in st.chunks)    # no deltas
+    assert get(fs, "run/ckpt_2.pt") == data[2]
     fs.close()
 
 
@@ -222,7 +289,8 @@ def test_real_finetuning_series_api(tmp_path):
 @pytest.mark.fuse
 def test_real_series_through_the_mount(mount_factory, tmp_path):
     from s4fs.testing.minilm import finetune
-    m = mount_factory()
+    # dense fine-tuning deltas are too large for the default read budget: allow them
+    m = mount_factory(extra=["--max-chain-read", "4"])
     run = os.path.join(m.path, "run")
     os.mkdir(run)
     twins = tmp_path / "twins"
@@ -308,7 +376,7 @@ def test_the_gpu_delta_rule_with_a_device_sameness_check(monkeypatch):
     touched = bytearray(base)
     touched[100:108] = bytes(8)
     other = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-    ref = ChunkRef("p", 0, 10, n, codec.checksum(base), 0, None)
+    ref = ChunkRef("p", 0, n // 2, n, codec.checksum(base), 0, None)    # a whole root
     batch = [(base, "float32", ref), (base, "float32", ref), (bytes(touched), "float32", ref),
              (other, "float32", ref), (other, "float32", None)]
     prep = [("delta", base)] * 4 + [None]
@@ -346,7 +414,8 @@ def test_the_cpu_delta_rule_codes_the_sampled_winner_first(monkeypatch):
     from s4fs.manifest import ChunkRef
     rng = np.random.default_rng(5)
     n = 4 << 20
-    cfg = IngestConfig()
+    # the size rule alone (the chains' read budget: test_chains_keep_within_their_read_budget)
+    cfg = IngestConfig(max_chain_read=100.0)
     weights = rng.standard_normal(n // 4).astype(np.float32) * 0.02
     moment = rng.standard_normal(n // 4).astype(np.float32) * 1e-3
     noise = rng.integers(0, 256, n, dtype=np.uint8)
@@ -377,7 +446,7 @@ def test_the_cpu_delta_rule_codes_the_sampled_winner_first(monkeypatch):
         want = DELTA if (delta_is_tiny(len(delta), n) or keep_delta(len(delta), len(full), cfg)) \
             else FULL
         coded.clear()
-        ref = ChunkRef("p", 0, 10, n, codec.checksum(base), 0, None)
+        ref = ChunkRef("p", 0, n, n, codec.checksum(base), 0, None)
         blob, kind = code_chunk(data, "float32", codec.checksum(data), ref, lambda: base, cfg,
                                 device="cpu")
         assert kind == want, name

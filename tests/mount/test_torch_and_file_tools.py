@@ -289,7 +289,8 @@ def test_mount_helper_and_fstab_form(tmp_path):
         os.symlink(helper, link)
     try:
         res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o",
-                              "rw,noatime,nodelta,nopassthrough", str(store), str(mp)],
+                              "rw,noatime,nodelta,nopassthrough,max_chain_read=1.5", str(store),
+                              str(mp)],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         assert "unknown option" not in res.stderr
