@@ -12,7 +12,10 @@
 #   save    s4fs.save / async_save / load of GPU-resident state vs torch.save
 #           and DCP, with the disk's own time for the stored bytes         (420 s)
 #   mount   bench/mount.py on a GPT trained here, --device cuda then cpu   (400 s)
+#           (MOUNT_MODES: its --modes, e.g. default,passthrough; MOUNT_DEVICES,
+#           MOUNT_SECONDS: a run's limit)
 #   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
+#           (FILL_SOURCES: --source values, a run each; FILL_ARGS, FILL_SECONDS)
 #   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
 #   delta   deltas on a GPT pretrained here, full-only vs delta            (400 s)
 #   train-loop  a GPT training on the GPU, checkpointed every 200 steps by every
@@ -70,6 +73,21 @@ nvidia-smi -L >>"$LOG" 2>&1
 run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu', c.gpu_available(), 'C planes', p.USE_C)"
 W=$R/.gpubench/minilm-subset.safetensors
 [ -f "$W" ] || echo "# no $W: the codec bench uses synthetic weights" >>"$LOG"
+# pyfuse3 patched for FUSE passthrough, built here from the kit
+# (bench/build_pyfuse3_passthrough.sh .offline-kit/fuse317 made it): the passthrough modes
+patched_pyfuse3() {
+    local P=$R/.offline-kit/fuse317 PK
+    if [ -z "${S4FS_PYFUSE3_PASSTHROUGH:-}" ] && [ -f "$P/pyfuse3-3.5.0-passthrough.tar.gz" ]; then
+        PK=$(cd "$P" && pwd)
+        sed -i "s#^prefix=.*#prefix=$PK/libfuse#" "$PK/libfuse/lib/pkgconfig/fuse3.pc"
+        mkdir -p "$PK/src" && tar -xzf "$PK/pyfuse3-3.5.0-passthrough.tar.gz" -C "$PK/src"
+        PKG_CONFIG_PATH="$PK/libfuse/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PK/libfuse/lib" \
+            SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 timeout 300 python3 -m pip install -q \
+            --no-index --no-deps --no-build-isolation --target "$PK/site" \
+            "$PK/src/pyfuse3-3.5.0" >>"$LOG" 2>&1 && export S4FS_PYFUSE3_PASSTHROUGH="$PK/site"
+        echo "# patched pyfuse3 for passthrough: ${S4FS_PYFUSE3_PASSTHROUGH:-build failed}" >>"$LOG"
+    fi
+}
 T=(python3 -m pytest -q -rs -p no:cacheprovider --rootdir "$R")
 B=$R/bench
 
@@ -94,9 +112,11 @@ for suite in "$@"; do
         run 420 python3 "$B/gpu_save.py" --gib 1.7 --repeat 2 --series 3 --between 10 --work /tmp
         ;;
     mount)
-        for d in cuda cpu; do
-            run 200 python3 "$B/mount.py" --source gpt --gib 0.6 --saves 3 --loads 3 \
-                --modes default --device $d --work /tmp
+        # MOUNT_MODES: bench/mount.py's --modes (default: default); MOUNT_DEVICES
+        case ${MOUNT_MODES:-default} in *passthrough*) patched_pyfuse3 ;; esac
+        for d in ${MOUNT_DEVICES:-cuda cpu}; do
+            run "${MOUNT_SECONDS:-200}" python3 "$B/mount.py" --source gpt --gib 0.6 --saves 3 \
+                --loads 3 --modes "${MOUNT_MODES:-default}" --device "$d" --work /tmp
         done
         ;;
     fill)
@@ -114,19 +134,8 @@ for suite in "$@"; do
         run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
         ;;
     train-loop)
-        # the fuse-floor-pt modes: pyfuse3 patched for FUSE passthrough, built here from
-        # the kit (bench/build_pyfuse3_passthrough.sh .offline-kit/fuse317 made it)
-        P=$R/.offline-kit/fuse317 t0=$SECONDS
-        if [ -z "${S4FS_PYFUSE3_PASSTHROUGH:-}" ] && [ -f "$P/pyfuse3-3.5.0-passthrough.tar.gz" ]; then
-            PK=$(cd "$P" && pwd)
-            sed -i "s#^prefix=.*#prefix=$PK/libfuse#" "$PK/libfuse/lib/pkgconfig/fuse3.pc"
-            mkdir -p "$PK/src" && tar -xzf "$PK/pyfuse3-3.5.0-passthrough.tar.gz" -C "$PK/src"
-            PKG_CONFIG_PATH="$PK/libfuse/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PK/libfuse/lib" \
-                SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 timeout 300 python3 -m pip install -q \
-                --no-index --no-deps --no-build-isolation --target "$PK/site" \
-                "$PK/src/pyfuse3-3.5.0" >>"$LOG" 2>&1 && export S4FS_PYFUSE3_PASSTHROUGH="$PK/site"
-            echo "# patched pyfuse3 for fuse-floor-pt: ${S4FS_PYFUSE3_PASSTHROUGH:-build failed}" >>"$LOG"
-        fi
+        t0=$SECONDS
+        patched_pyfuse3          # the passthrough modes (mount-pt*, fuse-floor-pt)
         run $((560 - (SECONDS - t0))) python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
             --checkpoints "${TRAIN_CKPTS:-4}" --rounds "${TRAIN_ROUNDS:-1}" --work /tmp \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
