@@ -93,7 +93,10 @@ def decode_batch(job: DecodeJob) -> int:
     return len(job.items)
 
 
-def _ping() -> int:
+def _ping(hold: float = 0.0) -> int:
+    if hold:
+        import time
+        time.sleep(hold)       # busy a moment: the next ping goes to another worker
     return os.getpid()
 
 
@@ -156,10 +159,36 @@ class CpuPool(CodingPool):
         ex.shutdown(wait=False, cancel_futures=True)
 
     def warm(self) -> list[int]:
-        """Start every worker now (a save should not wait for interpreters to start);
-        returns their pids."""
+        """Start every worker now and wait until each has answered (a save should not
+        wait for interpreters to start); returns their pids. They start at their own low priority: a process takes the
+        nice value of the thread that creates it, and the pool creates a worker in the
+        thread that submits to it; so all but the first are submitted from a short-lived
+        thread at ``nice``, and the interpreters they start (imports, on a cold page
+        cache after a remount) yield to the FUSE requests and to a checkpoint being
+        loaded right after mounting. The first is submitted from here: the pool's own
+        threads, started with it, keep the caller's priority."""
         ex = self._executor()
-        return sorted({f.result() for f in [ex.submit(_ping) for _ in range(self.workers)]})
+        futs = [ex.submit(_ping)]
+
+        def spawn() -> None:
+            if self.nice > 0:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+                except OSError:
+                    pass
+            futs.extend(ex.submit(_ping) for _ in range(self.workers - 1))
+
+        t = threading.Thread(target=spawn, name="s4fs-workers-spawn", daemon=True)
+        t.start()
+        t.join()
+        answered = {f.result() for f in futs}
+        while True:
+            # a worker up first may have answered every ping while the others were still
+            # starting: ask the ones not heard from yet, holding each answer a moment
+            missing = set(self.pids()) - answered
+            if not missing:
+                return sorted(answered)
+            answered |= {f.result() for f in [ex.submit(_ping, 0.02) for _ in missing]}
 
     def pids(self) -> list[int]:
         with self._lock:

@@ -22,7 +22,9 @@ def init_worker(nice: int, parent: int) -> None:
     (the daemon) does."""
     if nice > 0:
         try:
-            os.nice(nice)
+            below = nice - os.nice(0)      # started at it already when warm() started us
+            if below > 0:
+                os.nice(below)
         except OSError:
             pass
     # A worker must not outlive its daemon (kill -9, a crash): the pool's pipes do not

@@ -229,6 +229,52 @@ def worker_pids(daemon: int) -> list[int]:
     return [int(p) for p in out]
 
 
+def _record_nice(nice: int, parent: int) -> None:
+    """A worker initializer (in place of init_worker) that records the nice value the
+    worker's interpreter was started with."""
+    with open(os.path.join(os.environ["S4FS_TEST_NICE_DIR"], str(os.getpid())), "w") as f:
+        f.write(str(os.nice(0)))
+
+
+def test_warm_starts_the_workers_at_their_own_low_priority(tmp_path, monkeypatch):
+    """CpuPool.warm starts every worker but the first (whose submit also starts the
+    pool's own threads, at the caller's priority) already at the pool's nice value:
+    their interpreters' start-up never competes at the daemon's priority."""
+    from s4fs.coding import _cpu_pool
+    monkeypatch.setattr(_cpu_pool, "init_worker", _record_nice)
+    monkeypatch.setenv("S4FS_TEST_NICE_DIR", str(tmp_path))
+    pool = _cpu_pool.CpuPool(3, 7)
+    try:
+        pids = pool.warm()
+        assert len(pids) == 3, pids
+        started = sorted(int((tmp_path / str(p)).read_text()) for p in pids)
+        assert started == [0, 7, 7], started
+        assert os.nice(0) == 0                    # the caller's priority is untouched
+    finally:
+        pool.close()
+
+
+def test_the_workers_are_up_and_below_the_requests_when_the_mount_is_ready(mount_factory):
+    """A job that loads its checkpoint right after mounting does not compete with the
+    coding workers starting: they are all running when the mount is ready, every one
+    at the workers' low priority from its start (a process takes its creating thread's
+    nice value), while the daemon itself keeps the normal one."""
+    m = mount_factory(extra=["--workers", "3"])
+    (daemon,) = m.daemon_pids()
+    pids = worker_pids(daemon)
+    assert len(pids) == 3, pids
+
+    def nice(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[16])
+    assert nice(daemon) == 0
+    assert all(nice(p) == 10 for p in pids), [nice(p) for p in pids]
+    with open(os.path.join(m.path, "a.bin"), "wb") as f:          # and they code
+        f.write(os.urandom(1 << 20))
+    with open(os.path.join(m.path, "a.bin"), "rb") as f:
+        assert len(f.read()) == 1 << 20
+
+
 def file_bytes(sd, name: str = "ckpt.pt") -> bytes:
     """What torch.save writes to a file of this name (its records are named after it)."""
     import tempfile
