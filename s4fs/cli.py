@@ -334,6 +334,9 @@ def cmd_stat(args) -> int:
     print(f"  delta base: {r['base'] or '-'}   chain depth: {r['chain_depth']}   "
           f"stored as delta: {r['stored_delta']}   full: {r['stored_full']}   "
           f"unchanged (reused): {r['unchanged_bytes']}")
+    print(f"  a node with nothing cached fetches {r['read_cold']} bytes to read it "
+          f"({100 * r['read_cold'] / r['logical'] if r['logical'] else 0:.1f}% of logical; "
+          f"delta chains included)")
     if r["tensors"]:
         print(f"  {'tensor':<60} {'dtype':<14} {'logical':>12} {'stored':>12} {'%':>6}")
         for t in r["tensors"]:

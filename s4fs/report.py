@@ -28,10 +28,13 @@ _FLOAT = ("float", "bfloat", "half", "double", "complex")
 def stored_split(m) -> dict:
     """How one version's bytes were stored: ``stored_delta`` and ``stored_full`` (bytes
     in its own packs, as deltas / whole chunks), ``unchanged`` (logical bytes of chunks
-    reused from an earlier version), ``chain_depth``. The one place this is counted:
-    ``s4fs stat``, ``s4fs report`` and the metrics all use it."""
+    reused from an earlier version), ``chain_depth``, ``read_cold`` (stored bytes a node
+    with nothing cached fetches to read it: every blob of every chunk's delta chain,
+    once). The one place this is counted: ``s4fs stat``, ``s4fs report`` and the
+    metrics all use it."""
     own = set(m.own_packs)
     delta_bytes = full_bytes = reused = depth = 0
+    blobs: dict[tuple[str, int], int] = {}
     for s in m.streams:
         for c in s.chunks:
             if c.pack not in own:
@@ -41,8 +44,12 @@ def stored_split(m) -> dict:
             else:
                 full_bytes += c.stored
             depth = max(depth, c.depth)
+            link = c
+            while link is not None:
+                blobs[link.key()] = link.stored
+                link = link.base
     return {"stored_delta": delta_bytes, "stored_full": full_bytes, "unchanged": reused,
-            "chain_depth": depth}
+            "chain_depth": depth, "read_cold": sum(blobs.values())}
 
 
 def file_report(fs, rel: str) -> dict:
@@ -59,7 +66,8 @@ def file_report(fs, rel: str) -> dict:
             "ratio": stored / m.size if m.size else 0.0, "kind": m.kind,
             "base": (m.base or {}).get("path"), "chain_depth": split["chain_depth"],
             "stored_delta": split["stored_delta"], "stored_full": split["stored_full"],
-            "unchanged_bytes": split["unchanged"], "tensors": tensors, "xxh128": m.xxh128,
+            "unchanged_bytes": split["unchanged"], "read_cold": split["read_cold"],
+            "tensors": tensors, "xxh128": m.xxh128,
             "mtime": m.mtime}
 
 

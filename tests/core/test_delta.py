@@ -146,11 +146,17 @@ def test_chains_keep_within_their_read_budget(tmp_path, budget):
     deltas, worst = 0, 0.0
     for i, d in enumerate(data):
         m = fs.manifest(f"run/ckpt_{i}.pt")
+        blobs = {}
         for st in m.streams:
             for c in st.chunks:
                 total, root = chain_stored(c)
                 worst = max(worst, total / root)
                 deltas += c.base is not None
+                while c is not None:
+                    blobs[c.key()] = c.stored
+                    c = c.base
+        # what `s4fs stat` says a fresh node fetches: every blob of every chain, once
+        assert file_report(fs, f"run/ckpt_{i}.pt")["read_cold"] == sum(blobs.values())
         assert get(fs, f"run/ckpt_{i}.pt") == d
     assert worst <= limit, (worst, limit)
     if limit == 1.0:
@@ -305,6 +311,12 @@ def test_real_series_through_the_mount(mount_factory, tmp_path):
     import json
     r = json.loads(out)
     assert r["base"] == "run/ckpt_20.pt" and r["chain_depth"] >= 1
+    # a fresh node fetches the base's blobs too, and `s4fs stat` says how much
+    assert r["read_cold"] > r["stored"]
+    text = subprocess.run([sys.executable, "-m", "s4fs.cli", "stat",
+                           os.path.join(run, "ckpt_40.pt")], capture_output=True, text=True,
+                          check=True).stdout
+    assert f"a node with nothing cached fetches {r['read_cold']} bytes" in text, text
     os.remove(os.path.join(run, "ckpt_20.pt"))
     subprocess.run([sys.executable, "-m", "s4fs.cli", "gc", m.store, "--grace", "0"],
                    check=True, capture_output=True)
