@@ -19,8 +19,9 @@ weights and fp32 AdamW moments (10 bytes a parameter), a tenth of the weights mo
 between versions; ``--source minilm`` (all-MiniLM-L6-v2 fine-tuned here, fp32 weights
 and AdamW state, replicas up to ``--gib``) or ``--source gpt`` (a byte-level GPT
 trained here, bf16 weights + fp32 AdamW) give real consecutive checkpoints instead,
-``--every`` optimizer steps apart, as bench/mount.py makes them. The peer is the local disk: the same bytes
-as a plain file under ``--work``, read the same way after dropping the page cache.
+``--every`` optimizer steps apart, as bench/mount.py makes them. The peer is the local
+disk: the same bytes as a plain file under ``--work``, read the same way after dropping
+the page cache.
 With ``--whole-too`` each device also stores the last version alone and whole, so a
 delta chain's read compares with the same bytes without one; ``--max-chain-read``
 (``IngestConfig.max_chain_read``, several values: one row each) bounds the chains.
@@ -150,18 +151,6 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
             "fresh": times, "filled": None, "depth": None, "open": None, "tail": None}
 
 
-def chain_read(m) -> int:
-    """Stored bytes a node with nothing cached fetches to read version ``m``: every blob
-    of every chunk's delta chain, once."""
-    seen = {}
-    for st in m.streams:
-        for ref in st.chunks:
-            while ref is not None:
-                seen[ref.key()] = ref.stored
-                ref = ref.base
-    return sum(seen.values())
-
-
 def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
         whole: bool = False, chain: float | None = None) -> dict:
     """Save ``series`` on ``device`` and read its last version as fresh nodes do;
@@ -169,10 +158,11 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
     ``chain``: the ingest's max_chain_read (None: its default)."""
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
+    from s4fs.report import stored_split
     from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
-    ingest = IngestConfig(processes=True, device=device) if chain is None else \
-        IngestConfig(processes=True, device=device, max_chain_read=chain)
+    ingest = IngestConfig(processes=True, device=device,
+                          **({} if chain is None else {"max_chain_read": chain}))
     label = device + ("" if chain is None or whole else f", max_chain_read {chain:g}")
     store = os.path.join(work, f"store-{label}" + ("-whole" if whole else ""))
     rt = Runtime(rt_cfg)
@@ -192,7 +182,7 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
             saved = time.perf_counter() - t0
         m = fs.manifest("ckpt.pt")
         stored = m.stored_bytes()
-        fetched = chain_read(m)
+        fetched = stored_split(m)["read_cold"]     # every blob of every chain, once
         depth = max((c.depth for st in m.streams for c in st.chunks), default=0)
     finally:
         fs.close()

@@ -160,13 +160,13 @@ class CpuPool(CodingPool):
 
     def warm(self) -> list[int]:
         """Start every worker now and wait until each has answered (a save should not
-        wait for interpreters to start); returns their pids. They start at their own low priority: a process takes the
-        nice value of the thread that creates it, and the pool creates a worker in the
-        thread that submits to it; so all but the first are submitted from a short-lived
-        thread at ``nice``, and the interpreters they start (imports, on a cold page
-        cache after a remount) yield to the FUSE requests and to a checkpoint being
-        loaded right after mounting. The first is submitted from here: the pool's own
-        threads, started with it, keep the caller's priority."""
+        wait for interpreters to start); returns their pids. They start at their own low
+        priority: a process takes the nice value of the thread that creates it, and the
+        pool creates a worker in the thread that submits to it; so all but the first
+        are submitted from a short-lived thread at ``nice``, and the interpreters they
+        start (imports, on a cold page cache after a remount) yield to the FUSE requests
+        and to a checkpoint being loaded right after mounting. The first is submitted
+        from here: the pool's own threads, started with it, keep the caller's priority."""
         ex = self._executor()
         futs = [ex.submit(_ping)]
 

@@ -16,7 +16,7 @@ import os
 
 from s4fs import codec
 from s4fs.coding._config import IngestConfig
-from s4fs.coding._rule import chunk_result, delta_is_tiny, in_chain_budget, keep_delta
+from s4fs.coding._rule import chain_room, chunk_result, delta_is_tiny, keep_delta
 from s4fs.coding._worker import pwrite_all
 from s4fs.codec import on_gpu_thread, read_header
 
@@ -81,8 +81,9 @@ def code_on_device(batch: list, prep: list, profile, cfg: IngestConfig, same=Non
         if same is not None and sum_ == base.checksum and same(i):
             res[i] = (None, base, sum_, n)
             continue
-        keep = (delta_is_tiny(len(delta), n) and in_chain_budget(base, len(delta), cfg)) \
-            or keep_delta(len(delta), len(full[i]), cfg, base)
+        room = chain_room(base, cfg)
+        keep = (delta_is_tiny(len(delta), n) and len(delta) <= room) or \
+            keep_delta(len(delta), len(full[i]), cfg, room)
         res[i] = (delta if keep else full[i], base if keep else None, sum_, n)
     for i in fulls:
         res[i] = (full[i], None, _sum_of(full[i]), len(batch[i][0]))

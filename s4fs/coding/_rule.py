@@ -11,6 +11,8 @@ ways costs twice, a sample guesses the winner (:func:`guess_sizes`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from s4fs import codec
@@ -26,7 +28,7 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     """Code one chunk: ``(blob, FULL)``, ``(delta, DELTA)`` against ``base`` (whose raw
     bytes ``base_bytes()`` returns), or ``(b"", SAME)`` when it equals its base. A delta
     is kept when it is tiny, or no larger than ``cfg.delta_min_gain`` of the full coding,
-    and its chain stays within ``cfg.max_chain_read`` (:func:`in_chain_budget`).
+    and its chain stays within ``cfg.max_chain_read`` (:func:`chain_room`).
     The one rule for both the in-process threads and the worker processes. On the CPU a
     sample (:func:`guess_sizes`) says which way to code first, so most chunks are coded
     once; the other way is coded too only where the real size contradicts the guess."""
@@ -38,24 +40,25 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
         return codec.compress(data, dtype, device=device), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
-    if not chain_room(base, cfg):
+    room = chain_room(base, cfg)            # stored bytes a delta may add to the chain
+    if room <= 0:
         return codec.compress(data, dtype, device=device), FULL
     guess_delta, guess_full = (guess_sizes(data, dtype, base_raw) if device == "cpu"
                                else None) or (None, None)
-    if guess_full is not None and not keep_delta(guess_delta, guess_full, cfg, base):
+    if guess_full is not None and not keep_delta(guess_delta, guess_full, cfg, room):
         full = codec.compress(data, dtype, device=device)     # the sample says: whole
-        if not keep_delta(guess_delta, len(full), cfg, base):
+        if not keep_delta(guess_delta, len(full), cfg, room):
             return full, FULL
         delta = codec.compress(data, dtype, base=base_raw, device=device)
-        return (delta, DELTA) if keep_delta(len(delta), len(full), cfg, base) else \
+        return (delta, DELTA) if keep_delta(len(delta), len(full), cfg, room) else \
             (full, FULL)
     delta = codec.compress(data, dtype, base=base_raw, device=device)
-    if delta_is_tiny(len(delta), len(data)) and in_chain_budget(base, len(delta), cfg):
+    if delta_is_tiny(len(delta), len(data)) and len(delta) <= room:
         return delta, DELTA
-    if guess_full is not None and keep_delta(len(delta), guess_full, cfg, base):
+    if guess_full is not None and keep_delta(len(delta), guess_full, cfg, room):
         return delta, DELTA                                     # the sample says: delta
     full = codec.compress(data, dtype, device=device)
-    if keep_delta(len(delta), len(full), cfg, base):
+    if keep_delta(len(delta), len(full), cfg, room):
         return delta, DELTA
     return full, FULL
 
@@ -125,35 +128,22 @@ def delta_is_tiny(delta_len: int, raw: int) -> bool:
 
 
 def keep_delta(delta_len: int, full_len: int, cfg: IngestConfig,
-               base: ChunkRef | None = None) -> bool:
-    """A delta of ``delta_len`` is worth keeping over a full coding of ``full_len``
-    (and, given its ``base``, fits the chain's read budget)."""
-    return delta_len <= cfg.delta_min_gain * full_len and \
-        (base is None or in_chain_budget(base, delta_len, cfg))
+               room: float = math.inf) -> bool:
+    """A delta of ``delta_len`` is worth keeping over a full coding of ``full_len``, and
+    fits the ``room`` its chain has left (:func:`chain_room`)."""
+    return delta_len <= cfg.delta_min_gain * full_len and delta_len <= room
 
 
-def chain_bytes(ref: ChunkRef) -> tuple[int, int]:
-    """``(stored bytes of ref's whole chain, stored bytes of its root)``: what a node with
-    nothing cached reads for the chunk, and the whole coding the chain started from."""
+def chain_room(base: ChunkRef, cfg: IngestConfig) -> float:
+    """Stored bytes a delta on ``base`` may have: a chunk's chain (its root blob and every
+    delta on it, the new one included) holds at most ``cfg.max_chain_read`` times the
+    root's stored bytes, so a node reading the chunk with nothing cached fetches and
+    decodes at most that much more than for a whole coding. None left: <= 0."""
     total = 0
-    while ref.base is not None:
-        total += ref.stored
-        ref = ref.base
-    return total + ref.stored, ref.stored
-
-
-def chain_room(base: ChunkRef, cfg: IngestConfig) -> bool:
-    """Whether a delta on ``base`` could still fit ``cfg.max_chain_read``."""
-    total, root = chain_bytes(base)
-    return total < cfg.max_chain_read * root
-
-
-def in_chain_budget(base: ChunkRef, delta_len: int, cfg: IngestConfig) -> bool:
-    """A delta of ``delta_len`` on ``base`` keeps the chain within ``max_chain_read``
-    times its root's stored bytes: a node reading the chunk with nothing cached fetches
-    and decodes at most that much more than for a whole coding."""
-    total, root = chain_bytes(base)
-    return total + delta_len <= cfg.max_chain_read * root
+    while base.base is not None:
+        total += base.stored
+        base = base.base
+    return cfg.max_chain_read * base.stored - (total + base.stored)
 
 
 def delta_prep(data, base: ChunkRef | None, cfg: IngestConfig, base_bytes):
@@ -168,6 +158,6 @@ def delta_prep(data, base: ChunkRef | None, cfg: IngestConfig, base_bytes):
         return None
     if raw == data:
         return ("same",)
-    if not chain_room(base, cfg):
+    if chain_room(base, cfg) <= 0:
         return None
     return ("delta", raw)
