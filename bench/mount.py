@@ -298,6 +298,40 @@ def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -
     return res
 
 
+def load_floor(local: str, work: str, loads: int) -> dict:
+    """The floor of a cold load through FUSE requests (the mount without passthrough):
+    the checkpoint ``local``, read after ``drop_caches`` through bench/_fuse_floor.py — a
+    pyfuse3 mount that passes each read straight on to the file, with the connection
+    limits the mount raises (read-ahead, reads in flight) raised alike — against the
+    local file read after ``drop_caches``."""
+    import torch
+    from s4fs.mount._daemon import raise_kernel_limits
+    mnt = os.path.join(work, "floor-mnt")
+    os.makedirs(mnt, exist_ok=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    daemon = subprocess.Popen([sys.executable, os.path.join(here, "_fuse_floor.py"),
+                               os.path.dirname(local), mnt])
+    res = {"cold_f": [], "cold_l": []}
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("bench/_fuse_floor.py did not mount")
+            time.sleep(0.05)
+        raise_kernel_limits(mnt)
+        through = os.path.join(mnt, os.path.basename(local))
+        for k in range(loads):                       # alternating which side goes first
+            for side in (("cold_f", "cold_l") if k % 2 == 0 else ("cold_l", "cold_f")):
+                if not drop_caches():
+                    return {}
+                res[side].append(timed(lambda: torch.load(through if side == "cold_f"
+                                                          else local)))
+    finally:
+        subprocess.run(["fusermount3", "-u", mnt], check=False)
+        daemon.wait(30)
+    return res
+
+
 def _coding(workers: int | None) -> str:
     if workers == 0:
         return "coding in the daemon's threads"
@@ -329,9 +363,11 @@ def main(argv=None) -> int:
                          "0: code in the daemon's threads, the old path)")
     ap.add_argument("--work", help="scratch folder (default: a temp dir)")
     ap.add_argument("--floor", action="store_true",
-                    help="also time the coding alone: each checkpoint's bytes from a local "
-                         "file, coded and stored as the mount's commit does, no FUSE (the "
-                         "default mode's floor once writes are passed through)")
+                    help="also time the floors: the coding alone (each checkpoint's bytes "
+                         "from a local file, coded and stored as the mount's commit does, "
+                         "no FUSE: the default mode's floor once writes are passed "
+                         "through) and a cold load through FUSE requests alone "
+                         "(bench/_fuse_floor.py: the floor of a load without passthrough)")
     ap.add_argument("--daemon-log", action="store_true",
                     help="mount with --verbose and print the daemon's account of each "
                          "fresh node's decode ahead (per batch on a GPU mount)")
@@ -344,7 +380,8 @@ def main(argv=None) -> int:
     med = statistics.median
     rows = []
     try:
-        for mode in args.modes.split(","):
+        modes = args.modes.split(",")
+        for mode in modes:
             r = run_mode(mode, cks, work, args.store, args.device, args.loads, args.workers,
                          args.daemon_log)
             def ratio(a, b):
@@ -362,6 +399,13 @@ def main(argv=None) -> int:
             rows.append(["coding alone (the floor)", "", f"{med(f['coding']):.2f} / "
                          f"{med(f['local']):.2f} = {med(f['coding']) / med(f['local']):.2f}x",
                          "-", "-", "-", "-", "-", "-"])
+            last = f"ckpt_{len(cks) - 1}.pt"
+            lf = load_floor(os.path.join(work, f"local-{modes[-1]}", last), work,
+                            args.loads)
+            if lf:
+                rows.append(["FUSE requests alone (the floor)", "", "-", "-", "-",
+                             f"{med(lf['cold_f']):.2f} / {med(lf['cold_l']):.2f} = "
+                             f"{med(lf['cold_f']) / med(lf['cold_l']):.2f}x", "-", "-", "-"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}, "

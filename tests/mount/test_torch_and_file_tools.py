@@ -397,3 +397,21 @@ def test_read_ahead_is_raised_before_the_mount_reports_ready(mount_factory):
         pytest.skip(f"{knob} is not writable here (not root, or no sysfs)")
     with open(knob) as f:
         assert int(f.read()) == READAHEAD_KB
+
+
+def test_the_kernel_keeps_more_reads_in_flight_when_the_mount_is_ready(mount_factory):
+    """A cold file read through FUSE requests waits on a disk read per request: the
+    kernel must keep more than its default 12 read-ahead requests in flight (the
+    daemon mounts fusectl, where a container lacks it, to say so)."""
+    from s4fs.mount._daemon import FUSECTL, MAX_BACKGROUND, mounts_at
+    if os.geteuid() != 0 or not os.path.isdir(FUSECTL):
+        pytest.skip(f"needs root and {FUSECTL}")
+    m = mount_factory(extra=("--no-passthrough",))
+    conn = os.path.join(FUSECTL, mounts_at(m.path)[-1].device.partition(":")[2])
+    with open(os.path.join(conn, "max_background")) as f:
+        assert int(f.read()) == MAX_BACKGROUND
+    data = os.urandom(3 << 20)
+    with open(os.path.join(m.path, "a.bin"), "wb") as f:
+        f.write(data)
+    with open(os.path.join(m.path, "a.bin"), "rb") as f:
+        assert f.read() == data
