@@ -13,7 +13,7 @@
 #           and DCP, with the disk's own time for the stored bytes         (420 s)
 #   mount   bench/mount.py on a GPT trained here, --device cuda then cpu   (400 s)
 #           (MOUNT_MODES: its --modes, e.g. default,passthrough; MOUNT_DEVICES,
-#           MOUNT_SECONDS: a run's limit)
+#           MOUNT_SECONDS: a run's limit; MOUNT_ARGS: more options, e.g. --floor)
 #   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
 #           (FILL_SOURCES: --source values, a run each; FILL_ARGS, FILL_SECONDS)
 #   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
@@ -115,13 +115,15 @@ for suite in "$@"; do
         # MOUNT_MODES: bench/mount.py's --modes (default: default); MOUNT_DEVICES
         case ${MOUNT_MODES:-default} in *passthrough*) patched_pyfuse3 ;; esac
         for d in ${MOUNT_DEVICES:-cuda cpu}; do
+            # shellcheck disable=SC2086   # MOUNT_ARGS: more options, split on purpose
             run "${MOUNT_SECONDS:-200}" python3 "$B/mount.py" --source gpt --gib 0.6 --saves 3 \
-                --loads 3 --modes "${MOUNT_MODES:-default}" --device "$d" --work /tmp
+                --loads 3 --modes "${MOUNT_MODES:-default}" --device "$d" --work /tmp ${MOUNT_ARGS:-}
         done
         ;;
     fill)
         # FILL_SOURCES: bench/fill.py's --source values, a run each; FILL_ARGS its options
         for src in ${FILL_SOURCES:-synthetic}; do
+            # shellcheck disable=SC2086   # FILL_ARGS: bench/fill.py's options, split on purpose
             run "${FILL_SECONDS:-150}" python3 "$B/fill.py" --source "$src" \
                 ${FILL_ARGS:---gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda} --work /tmp
         done
