@@ -326,9 +326,14 @@ def load_floor(local: str, work: str, loads: int) -> dict:
                     return {}
                 res[side].append(timed(lambda: torch.load(through if side == "cold_f"
                                                           else local)))
-    finally:
-        subprocess.run(["fusermount3", "-u", mnt], check=False)
-        daemon.wait(30)
+    finally:                        # SIGTERM: the floor unmounts itself as it exits
+        daemon.terminate()
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", mnt], check=False)
     return res
 
 
