@@ -20,6 +20,7 @@ from s4fs import keys
 from s4fs import metrics
 from s4fs.errors import S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
+from s4fs.read import NodeReader
 from s4fs.write import fresh_spool_name
 
 log = logging.getLogger("s4fs.mount")
@@ -449,6 +450,12 @@ class S4Operations(pyfuse3.Operations):
     @_fuse_errors
     async def read(self, fh, off, size):
         handle = self._handles[fh]
+        if isinstance(handle, NodeReader):
+            # bytes already in the page cache (a file just written, read back): read
+            # them right here, without the hop to a thread and back
+            data = handle.read_now(off, size)
+            if data is not None:
+                return data
         return await self._run(handle.read, off, size)
 
     @_fuse_errors

@@ -108,6 +108,15 @@ class NodeReader:
         self._on_read(self.node)
         return view.read(offset, size)
 
+    def read_now(self, offset: int, size: int):
+        """``read`` when it cannot block: the node has not changed since the last read
+        and its view has every byte asked for in the page cache; else None (then
+        ``read``, from a thread)."""
+        if self.node.gen != self._gen:
+            return None
+        self._on_read(self.node)
+        return self._view.read_now(offset, size)
+
     def readinto(self, offset: int, dest) -> int:
         view = self._current()
         self._on_read(self.node)

@@ -27,6 +27,8 @@ from s4fs.manifest import ChunkRef, Manifest
 from s4fs.stores import Store
 
 log = logging.getLogger(__name__)
+# preadv flag: fail with EAGAIN instead of waiting for the disk (Linux >= 4.14)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
 def _truncated(pack: str, offset: int, got: int, want: int) -> ChecksumError:
@@ -505,6 +507,26 @@ class ReadHandle:
             self._check(offset, data)
         self.nbytes += len(data)
         return data
+
+    def read_now(self, offset: int, size: int) -> bytearray | None:
+        """``read`` of a whole local copy whose bytes are all in the page cache (no disk
+        to wait for: the caller may be an event loop), else None, and the caller reads
+        with ``read``. A file just written, read back, is mostly cached: then its reads
+        skip a trip through a thread."""
+        fd = self.local_file()
+        if fd is None or _NOWAIT is None:
+            return None
+        buf = bytearray(max(0, min(size, self._m.size - offset)))
+        try:
+            n = os.preadv(fd, [buf], offset, _NOWAIT) if buf else 0
+        except OSError:            # EAGAIN: not all cached; any other error: ``read`` says
+            return None
+        if n < len(buf):           # cached in part: the rest would wait for the disk
+            return None
+        self._count_read(offset, size)
+        self._check(offset, buf)
+        self.nbytes += n
+        return buf
 
     def _start_fill(self, offset: int, n: int) -> None:
         """torch.load's pattern: the tail first (the zip directory), or a few MiB read."""
