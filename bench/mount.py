@@ -298,20 +298,22 @@ def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -
     return res
 
 
-def load_floor(local: str, work: str, loads: int) -> dict:
-    """The floor of a cold load through FUSE requests (the mount without passthrough):
-    the checkpoint ``local``, read after ``drop_caches`` through bench/_fuse_floor.py — a
-    pyfuse3 mount that passes each read straight on to the file, with the connection
-    limits the mount raises (read-ahead, reads in flight) raised alike — against the
-    local file read after ``drop_caches``."""
+def fuse_floor(cks: list[dict], local: str, work: str, loads: int) -> dict:
+    """The floors of the mount without passthrough, FUSE requests alone: the same saves
+    and the same cold load through bench/_fuse_floor.py — a pyfuse3 mount that passes
+    each request straight on to a local file (fsynced at ``close()``, as the default
+    mode is durable there), with the connection limits the mount raises (read-ahead,
+    reads in flight) raised alike — against ``torch.save`` + ``os.sync()`` and the local
+    file ``local`` read after ``drop_caches``."""
     import torch
     from s4fs.mount._daemon import raise_kernel_limits
     mnt = os.path.join(work, "floor-mnt")
     os.makedirs(mnt, exist_ok=True)
     here = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.dirname(local)
     daemon = subprocess.Popen([sys.executable, os.path.join(here, "_fuse_floor.py"),
-                               os.path.dirname(local), mnt])
-    res = {"cold_f": [], "cold_l": []}
+                               folder, mnt, "--fsync"])
+    res: dict = {"save_f": [], "save_l": [], "cold_f": [], "cold_l": []}
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(mnt):
@@ -319,11 +321,21 @@ def load_floor(local: str, work: str, loads: int) -> dict:
                 raise RuntimeError("bench/_fuse_floor.py did not mount")
             time.sleep(0.05)
         raise_kernel_limits(mnt)
+        for i, ck in enumerate(cks):                 # alternating which side goes first
+            def save_f():
+                torch.save(ck, os.path.join(mnt, f"floor_{i}.pt"))
+            def save_l():
+                torch.save(ck, os.path.join(folder, f"floor_local_{i}.pt"))
+                os.sync()
+            for side, fn in ((("save_f", save_f), ("save_l", save_l)) if i % 2 == 0
+                             else (("save_l", save_l), ("save_f", save_f))):
+                res[side].append(timed(fn))
         through = os.path.join(mnt, os.path.basename(local))
-        for k in range(loads):                       # alternating which side goes first
+        for k in range(loads):
             for side in (("cold_f", "cold_l") if k % 2 == 0 else ("cold_l", "cold_f")):
                 if not drop_caches():
-                    return {}
+                    res["cold_f"] = res["cold_l"] = []
+                    return res
                 res[side].append(timed(lambda: torch.load(through if side == "cold_f"
                                                           else local)))
     finally:                        # SIGTERM: the floor unmounts itself as it exits
@@ -335,6 +347,14 @@ def load_floor(local: str, work: str, loads: int) -> dict:
         if os.path.ismount(mnt):
             subprocess.run(["umount", "-l", mnt], check=False)
     return res
+
+
+def _ratio(r: dict, a: str, b: str) -> str:
+    """``median(a) / median(b) = x``, or ``-`` where either was not measured."""
+    if not r.get(a) or not r.get(b):
+        return "-"
+    ma, mb = statistics.median(r[a]), statistics.median(r[b])
+    return f"{ma:.2f} / {mb:.2f} = {ma / mb:.2f}x"
 
 
 def _coding(workers: int | None) -> str:
@@ -371,8 +391,9 @@ def main(argv=None) -> int:
                     help="also time the floors: the coding alone (each checkpoint's bytes "
                          "from a local file, coded and stored as the mount's commit does, "
                          "no FUSE: the default mode's floor once writes are passed "
-                         "through) and a cold load through FUSE requests alone "
-                         "(bench/_fuse_floor.py: the floor of a load without passthrough)")
+                         "through) and the same saves and cold load through FUSE requests "
+                         "alone (bench/_fuse_floor.py, fsync at close: the floor of the "
+                         "mount without passthrough)")
     ap.add_argument("--daemon-log", action="store_true",
                     help="mount with --verbose and print the daemon's account of each "
                          "fresh node's decode ahead (per batch on a GPU mount)")
@@ -389,28 +410,23 @@ def main(argv=None) -> int:
         for mode in modes:
             r = run_mode(mode, cks, work, args.store, args.device, args.loads, args.workers,
                          args.daemon_log)
-            def ratio(a, b):
-                return f"{med(r[a]):.2f} / {med(r[b]):.2f} = {med(r[a]) / med(r[b]):.2f}x" \
-                    if r.get(a) and r.get(b) else "-"
             fresh = (f"{med(r['fresh_m']):.2f} = {med(r['fresh_m']) / med(r['cold_l']):.2f}x"
                      if r.get("fresh_m") and r.get("cold_l") else "-")
             rows.append([mode, f"{r['logical'] / 2**30:.2f} GiB",
-                         ratio("save_m", "save_l"),
+                         _ratio(r, "save_m", "save_l"),
                          f"{r['sync']:.2f}" if mode.startswith("writeback") else "-",
-                         ratio("warm_m", "warm_l"), ratio("cold_m", "cold_l"), fresh,
+                         _ratio(r, "warm_m", "warm_l"), _ratio(r, "cold_m", "cold_l"), fresh,
                          f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
         if args.floor:
             f = coding_floor(cks, work, args.device, args.workers)
-            rows.append(["coding alone (the floor)", "", f"{med(f['coding']):.2f} / "
-                         f"{med(f['local']):.2f} = {med(f['coding']) / med(f['local']):.2f}x",
+            rows.append(["coding alone (the floor)", "", _ratio(f, "coding", "local"),
                          "-", "-", "-", "-", "-", "-"])
             last = f"ckpt_{len(cks) - 1}.pt"
-            lf = load_floor(os.path.join(work, f"local-{modes[-1]}", last), work,
-                            args.loads)
-            if lf:
-                rows.append(["FUSE requests alone (the floor)", "", "-", "-", "-",
-                             f"{med(lf['cold_f']):.2f} / {med(lf['cold_l']):.2f} = "
-                             f"{med(lf['cold_f']) / med(lf['cold_l']):.2f}x", "-", "-", "-"])
+            f = fuse_floor(cks, os.path.join(work, f"local-{modes[-1]}", last), work,
+                           args.loads)
+            rows.append(["FUSE requests alone (the floor)", "",
+                         _ratio(f, "save_f", "save_l"), "-", "-",
+                         _ratio(f, "cold_f", "cold_l"), "-", "-", "-"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}, "
