@@ -143,7 +143,7 @@ def _raise_background(mountpoint: str, n: int = MAX_BACKGROUND) -> None:
 def raise_kernel_limits(mountpoint: str) -> None:
     """The FUSE connection's limits a checkpoint needs (read-ahead, reads in flight),
     raised where this process may: the mount calls it once INIT is answered, and
-    bench/_fuse_floor.py too, so that its floor is the same transport."""
+    bench/mount.py on its FUSE floor, so that the floor is the same transport."""
     _raise_readahead(mountpoint)
     _raise_background(mountpoint)
 
@@ -310,10 +310,10 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                 # The kernel caps the connection's read-ahead at 128 KiB when it gets
                 # our INIT reply (from inside pyfuse3.main), and a file takes its
                 # read-ahead when it is opened. So: wait until INIT is answered (a
-                # statfs of the mount returns only then), raise the read-ahead (and the
-                # reads in flight), and
-                # only then report the mount ready. A file opened earlier (a fresh
-                # node's first torch.load) would be read in 128 KiB requests all along.
+                # statfs of the mount returns only then), raise the read-ahead and the
+                # reads in flight, and only then report the mount ready. A file opened
+                # earlier (a fresh node's first torch.load) would be read in 128 KiB
+                # requests all along.
                 await trio.to_thread.run_sync(_probe, mountpoint, INIT_WAIT_SECONDS)
                 await trio.to_thread.run_sync(raise_kernel_limits, mountpoint)
                 if ready_fd is not None:
