@@ -37,6 +37,23 @@ def _equal(a, b) -> bool:
     return a == b
 
 
+def _transport(log_path: str) -> str:
+    """How the mount's writes and reads went, from its verbose log: the daemon logs each
+    file written through FUSE passthrough, and why passthrough is off where it is."""
+    try:
+        with open(log_path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    if any("written through FUSE passthrough" in ln for ln in lines):
+        return ("FUSE passthrough: the kernel wrote each file straight into the mount's "
+                "local spool, and s4fs coded it as it grew")
+    why = [ln.split("FUSE passthrough ", 1)[1].strip() for ln in lines
+           if "FUSE passthrough off:" in ln or "FUSE passthrough is not available" in ln]
+    return ("FUSE requests: the daemon answered every write and read"
+            + (f" (FUSE passthrough {why[-1]})" if why else ""))
+
+
 def main() -> int:
     import torch
 
@@ -47,8 +64,9 @@ def main() -> int:
     for d in (store, mnt, local):
         os.makedirs(d)
     print(f"s4fs demo: store {store}, mount {mnt}")
+    # verbose: its log says below whether the files went through FUSE passthrough
     subprocess.run([sys.executable, "-m", "s4fs.cli", "mount", store, mnt,
-                    "--cache-dir", os.path.join(work, "cache")], check=True)
+                    "--cache-dir", os.path.join(work, "cache"), "--verbose"], check=True)
     ok = True
     try:
         print("fine-tuning all-MiniLM-L6-v2 for 30 real AdamW steps on CPU ...")
@@ -84,6 +102,8 @@ def main() -> int:
         for name, lg, sto, tm, tl, sb, sv in rows:
             print(f"{name:<12} {lg / 1e6:>11.2f} {sto / 1e6:>10.2f} {100 * sto / lg:>8.1f}% "
                   f"{tm:>14.2f} {tl:>19.2f} {str(sb):>12} {str(sv):>14}")
+        print()
+        print("how the bytes went:", _transport(os.path.join(work, "cache", "s4fs-mount.log")))
         print()
         subprocess.run(["ls", "-la", mnt], check=True)
     finally:
