@@ -58,17 +58,21 @@ class WholeFileHash:
         self._m = m
         self._h = xxhash.xxh3_128() if m.xxh128 else None
         self._done = 0
+        # one descriptor is read from several threads (and the mount's event loop) at
+        # once: two reads of the same bytes must not both extend the hash
+        self._lock = threading.Lock()
 
     def see(self, offset: int, data) -> bool:
-        h = self._h
-        end = offset + len(data)
-        if h is None or offset > self._done or end <= self._done:
-            return True
-        h.update(memoryview(data)[self._done - offset:])
-        self._done = end
-        if end < self._m.size:
-            return True
-        self._h = None
+        with self._lock:
+            h = self._h
+            end = offset + len(data)
+            if h is None or offset > self._done or end <= self._done:
+                return True
+            h.update(memoryview(data)[self._done - offset:])
+            self._done = end
+            if end < self._m.size:
+                return True
+            self._h = None
         return h.hexdigest() == self._m.xxh128
 
 

@@ -98,3 +98,30 @@ def test_it_declines_once_the_file_changed_and_read_moves_to_the_new_version(fs)
         assert r.read_now(4096, 4096) == new[4096:8192]       # and from then on, the new
     finally:
         r.release()
+
+
+def test_the_whole_file_check_holds_when_threads_read_the_same_bytes_at_once():
+    """The kernel may read one range twice, from two threads (or a thread and the event
+    loop): the whole-file hash must count those bytes once, not report the copy
+    corrupt."""
+    import threading
+
+    import xxhash
+
+    from s4fs.manifest import Manifest
+    from s4fs.read.reader import WholeFileHash
+    data = os.urandom(32 * MiB)
+    m = Manifest(size=len(data), xxh128=xxhash.xxh3_128_hexdigest(data))
+    for _ in range(3):
+        whole = WholeFileHash(m)
+        said: list[bool] = []
+
+        def reader():
+            for off in range(0, len(data), MiB):
+                said.append(whole.see(off, memoryview(data)[off:off + MiB]))
+        threads = [threading.Thread(target=reader) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(said)
