@@ -245,11 +245,13 @@ def require_passthrough() -> None:
 def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                      ready_fd: int | None = None, extra_options=(), workers: int = 16,
                      uid: int | None = None, gid: int | None = None,
-                     source: str | None = None, passthrough: str = "auto") -> None:
+                     source: str | None = None, passthrough: str = "auto",
+                     info: dict | None = None) -> None:
     """Mount ``fs`` at ``mountpoint`` and serve until SIGTERM/SIGINT or unmount (then
     ``fs`` is closed; its runtime is the caller's to close). ``passthrough``: "on"
     (refused where it cannot be had), "off", or "auto" (on where it can be had; off for
-    the whole mount at the kernel's first refusal)."""
+    the whole mount at the kernel's first refusal). ``info``: a dict kept up to date
+    with how the mount moves bytes (``transport``: for ``s4fs status``)."""
     import pyfuse3
     import trio
 
@@ -259,12 +261,18 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
     if passthrough == "on":
         require_passthrough()
+    ops.info = info if info is not None else {}
     problem = passthrough_problem() if passthrough == "auto" else None
     if problem:
         log.info("FUSE passthrough off: it %s", problem)
+        ops.info["transport"] = f"FUSE requests (FUSE passthrough off: it {problem})"
     elif passthrough != "off":
         ops.enable_passthrough = True
         ops.passthrough_optional = passthrough == "auto"
+        ops.info["transport"] = ("FUSE passthrough (the kernel writes files being saved "
+                                 "into the local spool and reads local copies itself)")
+    else:
+        ops.info["transport"] = "FUSE requests (--no-passthrough)"
     ingest = fs.cfg.ingest
     if ingest.processes:
         # start the coding worker processes before the mount is ready: the first save

@@ -178,6 +178,7 @@ class S4Operations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.attr_timeout = attr_timeout
+        self.info: dict = {}     # how this mount moves bytes (s4fs status): the daemon's
         self._limiter = trio.CapacityLimiter(workers)
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {pyfuse3.ROOT_INODE: ""}
@@ -633,9 +634,11 @@ class S4Operations(pyfuse3.Operations):
             os.close(fd)
             if self.passthrough_optional and exc.errno in _NO_PASSTHROUGH:
                 self.enable_passthrough = False
-                log.warning("FUSE passthrough is not available here (%s: the kernel needs "
-                            "Linux >= 6.9 built with CONFIG_FUSE_PASSTHROUGH, and root); "
-                            "this mount reads and writes through FUSE requests", exc)
+                why = (f"{exc}: the kernel needs Linux >= 6.9 built with "
+                       f"CONFIG_FUSE_PASSTHROUGH, and root")
+                log.warning("FUSE passthrough is not available here (%s); this mount "
+                            "reads and writes through FUSE requests", why)
+                self.info["transport"] = f"FUSE requests (FUSE passthrough refused: {why})"
             else:
                 log.warning("FUSE passthrough refused (%s): %s %s", exc, path, otherwise)
             return 0

@@ -132,11 +132,13 @@ def cmd_mount(args) -> int:
         from s4fs.gc import BackgroundCollector
         BackgroundCollector(fs.store, interval=args.gc_interval).start()
     from s4fs.control import ControlServer
-    control = ControlServer(fs, mountpoint)
+    info: dict = {}                     # the mount keeps it current, status reports it
+    control = ControlServer(fs, mountpoint, info)
     try:
         mount_foreground(fs, mountpoint, allow_other=args.allow_other,
                          ready_fd=args.ready_fd, uid=args.uid, gid=args.gid,
-                         source=_source_url(args.store), passthrough=args.passthrough)
+                         source=_source_url(args.store), passthrough=args.passthrough,
+                         info=info)
     finally:
         control.close()
         runtime.close()
@@ -245,6 +247,8 @@ def cmd_status(args) -> int:
     mode = "writeback" if answer.get("writeback") else "commit on close"
     print(f"{answer['mountpoint']}: {answer['store']} ({mode}); {len(pending)} files "
           f"pending, {_human(sum(p['bytes'] for p in pending))}")
+    if answer.get("transport"):
+        print(f"  through {answer['transport']}")
     for p in pending:
         state = f"failing ({p['attempts']} tries): {p['error']}" if p["attempts"] else \
             "committing"

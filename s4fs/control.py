@@ -4,9 +4,11 @@ The daemon serves one Unix stream socket per mountpoint (only root and the daemo
 can connect: mode 0600), at :func:`socket_path`. A request is one JSON line, the answer one
 JSON line::
 
-    {"op": "status"}                 -> {"mountpoint", "store", "writeback", "pending": [...]}
+    {"op": "status"}                 -> {"mountpoint", "store", "writeback", "transport",
+                                         "pending": [...]}
     {"op": "sync", "timeout": 600}   -> {"failed": [{"path", "bytes", "attempts", "error"}]}
 
+``transport`` says how the mount moves bytes (FUSE passthrough, or FUSE requests and why);
 ``pending`` lists files accepted but not yet committed (``--writeback``), with how often
 their commit failed and the last error.
 """
@@ -41,8 +43,9 @@ def socket_path(mountpoint: str) -> str:
 
 
 class ControlServer:
-    def __init__(self, fs, mountpoint: str) -> None:
+    def __init__(self, fs, mountpoint: str, info: dict | None = None) -> None:
         self.fs = fs
+        self.info = info if info is not None else {}   # the mount's own, kept up to date
         self.mountpoint = os.path.realpath(mountpoint)
         self.path = socket_path(mountpoint)
         try:
@@ -75,7 +78,8 @@ class ControlServer:
         op = req.get("op")
         if op == "status":
             return {"mountpoint": self.mountpoint, "store": self.fs.store.url,
-                    "writeback": self.fs.cfg.writeback, "pending": self.fs.pending()}
+                    "writeback": self.fs.cfg.writeback, **self.info,
+                    "pending": self.fs.pending()}
         if op == "sync":
             t = req.get("timeout")
             return {"failed": self.fs.sync(None if t is None else float(t))}

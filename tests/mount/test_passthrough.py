@@ -499,3 +499,23 @@ def test_without_the_binding_the_default_mount_says_why_it_uses_requests(mount_f
     assert "FUSE passthrough off: it needs pyfuse3 built with FUSE passthrough" in log_of(m)
     assert not passed_through(m, "c.bin")
 
+
+
+def _status(m: Mount) -> tuple[dict, str]:
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "s4fs.cli", "status", m.path, *extra],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    import json
+    return json.loads(run("--json")), run()
+
+
+def test_status_says_the_mount_goes_through_passthrough(pt_mount):
+    st, text = _status(pt_mount)
+    assert st["transport"].startswith("FUSE passthrough"), st
+    assert "through FUSE passthrough" in text
+
+
+def test_status_says_the_mount_goes_through_requests_and_why(mount_factory):
+    st, text = _status(mount_factory(extra=["--no-passthrough"]))
+    assert st["transport"] == "FUSE requests (--no-passthrough)"
+    assert "through FUSE requests (--no-passthrough)" in text
