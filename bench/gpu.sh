@@ -138,8 +138,10 @@ for suite in "$@"; do
     train-loop)
         t0=$SECONDS
         patched_pyfuse3          # the passthrough modes (mount-pt*, fuse-floor-pt)
+        # --budget: the modes that fit, and their table, rather than a timeout and no table
         run $((560 - (SECONDS - t0))) python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
             --checkpoints "${TRAIN_CKPTS:-4}" --rounds "${TRAIN_ROUNDS:-1}" --work /tmp \
+            --budget $((530 - (SECONDS - t0))) \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
         ;;
     multi-gpu)

@@ -51,7 +51,9 @@ same state (each starts from a copy), so run times compare.
 
 With ``--rounds N`` the modes run N times, every other round in reverse order, and each
 figure is the median over all rounds (the ratio of delta saves to whole saves is also
-printed round by round): a lease's drift then falls on both sides of a comparison.
+printed round by round): a lease's drift then falls on both sides of a comparison. With
+``--budget SECONDS`` no mode starts that would likely end past that time (bench/gpu.sh
+passes what is left of its 560 s), and the table covers the modes that ran.
 """
 
 from __future__ import annotations
@@ -327,7 +329,13 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="keep each mount's daemon log in DIR, and where py-spy is on PATH, "
                          "a profile of the daemon and its workers while the mode runs")
+    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="start no mode that would likely end after this many seconds "
+                         "from the start (the longest mode so far is the guess), and print "
+                         "the table of what ran: a device lease's limit then costs the "
+                         "last modes, not the whole table")
     args = ap.parse_args(argv)
+    t_start = time.monotonic()
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -362,9 +370,16 @@ def main(argv=None) -> int:
     print(f"# state {size / 2**30:.2f} GiB (fp32 weights + AdamW), a checkpoint every "
           f"{args.every} steps, {args.checkpoints} checkpoints; work dir {work}")
     rounds: dict[str, list[dict]] = {}
+    longest = 0.0
     try:
         for k in range(args.rounds):
             for name in (modes if k % 2 == 0 else modes[::-1]):
+                now = time.monotonic() - t_start
+                if args.budget and now + 1.2 * longest > args.budget:
+                    print(f"# --budget {args.budget:.0f} s: {now:.0f} s gone, a mode takes "
+                          f"up to {longest:.0f} s; stopping before {name} (round {k + 1})")
+                    break
+                t_mode = time.monotonic()
                 try:
                     r = run(trainer, start, name, work, args.every, args.checkpoints,
                             device, args.profile)
@@ -376,6 +391,10 @@ def main(argv=None) -> int:
                 except Exception as exc:         # noqa: BLE001 - reported, the rest runs
                     print(f"# {name} failed: {type(exc).__name__}: {exc}")
                 shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+                longest = max(longest, time.monotonic() - t_mode)
+            else:
+                continue
+            break                                # out of time: no further rounds
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = {name: summary(name, rounds[name]) for name in modes if name in rounds}
