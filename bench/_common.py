@@ -84,6 +84,32 @@ def passthrough_pyfuse3_env() -> dict:
     return env
 
 
+def start_fuse_daemon(cmd: list, mountpoint: str, env: dict | None = None,
+                      timeout: float = 60) -> subprocess.Popen:
+    """Start a FUSE daemon that mounts itself at ``mountpoint`` (a floor's: bench's
+    _fuse_floor.py or libfuse's passthrough_hp) and return once it is mounted."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mountpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{' '.join(map(str, cmd))} did not mount {mountpoint}")
+        time.sleep(0.05)
+    return proc
+
+
+def stop_fuse_daemon(proc: subprocess.Popen, mountpoint: str, timeout: float = 60) -> None:
+    """SIGTERM: the daemon unmounts itself as it exits; ``umount -l`` where it did not
+    (``fusermount3`` is not on every machine)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if os.path.ismount(mountpoint):
+        subprocess.run(["umount", "-l", mountpoint], check=False)
+
+
 def s4fs_cli(*args: str, timeout: float = 600, env: dict | None = None) -> None:
     """Run ``s4fs ARGS...`` (this interpreter's s4fs); raise with its stderr if it fails."""
     res = subprocess.run([sys.executable, "-m", "s4fs.cli", *args], capture_output=True,

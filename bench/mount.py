@@ -306,20 +306,16 @@ def fuse_floor(cks: list[dict], local: str, work: str, loads: int) -> dict:
     reads in flight) raised alike — against ``torch.save`` + ``os.sync()`` and the local
     file ``local`` read after ``drop_caches``."""
     import torch
+    from _common import start_fuse_daemon, stop_fuse_daemon
     from s4fs.mount._daemon import raise_kernel_limits
     mnt = os.path.join(work, "floor-mnt")
     os.makedirs(mnt, exist_ok=True)
     here = os.path.dirname(os.path.abspath(__file__))
     folder = os.path.dirname(local)
-    daemon = subprocess.Popen([sys.executable, os.path.join(here, "_fuse_floor.py"),
-                               folder, mnt, "--fsync"])
+    daemon = start_fuse_daemon([sys.executable, os.path.join(here, "_fuse_floor.py"),
+                                folder, mnt, "--fsync"], mnt)
     res: dict = {"save_f": [], "save_l": [], "cold_f": [], "cold_l": []}
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("bench/_fuse_floor.py did not mount")
-            time.sleep(0.05)
         raise_kernel_limits(mnt)
         for i, ck in enumerate(cks):                 # alternating which side goes first
             def save_f():
@@ -338,14 +334,8 @@ def fuse_floor(cks: list[dict], local: str, work: str, loads: int) -> dict:
                     return res
                 res[side].append(timed(lambda: torch.load(through if side == "cold_f"
                                                           else local)))
-    finally:                        # SIGTERM: the floor unmounts itself as it exits
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", mnt], check=False)
+    finally:
+        stop_fuse_daemon(daemon, mnt)
     return res
 
 

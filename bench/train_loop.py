@@ -70,7 +70,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import du, machine, passthrough_pyfuse3_env, s4fs_cli, table  # noqa: E402
+from _common import (du, machine, passthrough_pyfuse3_env, s4fs_cli,  # noqa: E402
+                     start_fuse_daemon, stop_fuse_daemon, table)
 
 MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-floor-kc+sync",
          "fuse-floor-kc", "fuse-floor-pt+sync", "fuse-floor-pt", "fuse-c+sync", "fuse-c",
@@ -176,13 +177,8 @@ class Mode:
         os.makedirs(self.store)
         self.mountpoint = os.path.join(self.work, "mnt")
         os.makedirs(self.mountpoint)
-        self.floor = subprocess.Popen(daemon + [self.store, self.mountpoint] + options,
-                                      stdout=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(self.mountpoint):
-            if self.floor.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {self.name} mount did not come up")
-            time.sleep(0.05)
+        self.floor = start_fuse_daemon(daemon + [self.store, self.mountpoint] + options,
+                                       self.mountpoint, env)
 
     def save(self, state: dict, i: int) -> None:
         import torch
@@ -228,13 +224,7 @@ class Mode:
 
     def close(self) -> None:
         if self.floor is not None:
-            self.floor.terminate()
-            try:
-                self.floor.wait(60)
-            except subprocess.TimeoutExpired:
-                self.floor.kill()
-            if os.path.ismount(self.mountpoint):
-                subprocess.run(["umount", "-l", self.mountpoint], check=False)
+            stop_fuse_daemon(self.floor, self.mountpoint)
         elif self.mountpoint:
             s4fs_cli("umount", self.mountpoint, timeout=300)
 

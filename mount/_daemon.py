@@ -258,10 +258,9 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     from ._ops import S4Operations
 
     prepare_mountpoint(mountpoint)
-    ops = S4Operations(fs, workers=workers, uid=uid, gid=gid)
+    ops = S4Operations(fs, workers=workers, uid=uid, gid=gid, info=info)
     if passthrough == "on":
         require_passthrough()
-    ops.info = info if info is not None else {}
     problem = passthrough_problem() if passthrough == "auto" else None
     if problem:
         log.info("FUSE passthrough off: it %s", problem)

@@ -174,11 +174,12 @@ class S4Operations(pyfuse3.Operations):
     passthrough_optional = False
 
     def __init__(self, fs: Filesystem, *, workers: int = 16, attr_timeout: float = 1.0,
-                 uid: int | None = None, gid: int | None = None):
+                 uid: int | None = None, gid: int | None = None, info: dict | None = None):
         super().__init__()
         self.fs = fs
         self.attr_timeout = attr_timeout
-        self.info: dict = {}     # how this mount moves bytes (s4fs status): the daemon's
+        # how this mount moves bytes ("transport", for s4fs status), kept current here
+        self.info: dict = info if info is not None else {}
         self._limiter = trio.CapacityLimiter(workers)
         self._lock = threading.Lock()
         self._paths: dict[int, str] = {pyfuse3.ROOT_INODE: ""}

@@ -11,6 +11,7 @@ is), and unmounts.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -37,21 +38,13 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-def _transport(log_path: str) -> str:
-    """How the mount's writes and reads went, from its verbose log: the daemon logs each
-    file written through FUSE passthrough, and why passthrough is off where it is."""
-    try:
-        with open(log_path) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    if any("written through FUSE passthrough" in ln for ln in lines):
-        return ("FUSE passthrough: the kernel wrote each file straight into the mount's "
-                "local spool, and s4fs coded it as it grew")
-    why = [ln.split("FUSE passthrough ", 1)[1].strip() for ln in lines
-           if "FUSE passthrough off:" in ln or "FUSE passthrough is not available" in ln]
-    return ("FUSE requests: the daemon answered every write and read"
-            + (f" (FUSE passthrough {why[-1]})" if why else ""))
+def _transport(status: dict) -> str:
+    """How the mount's writes and reads went, from its ``s4fs status --json`` answer
+    (the mount keeps ``transport`` current: "FUSE passthrough (...)" or "FUSE requests
+    (why)"), as "FUSE passthrough: ..." or "FUSE requests: why"."""
+    how = status.get("transport") or "FUSE requests (the mount did not say why)"
+    head, _, why = how.partition(" (")
+    return f"{head}: {why[:-1]}" if why else head
 
 
 def main() -> int:
@@ -64,9 +57,8 @@ def main() -> int:
     for d in (store, mnt, local):
         os.makedirs(d)
     print(f"s4fs demo: store {store}, mount {mnt}")
-    # verbose: its log says below whether the files went through FUSE passthrough
     subprocess.run([sys.executable, "-m", "s4fs.cli", "mount", store, mnt,
-                    "--cache-dir", os.path.join(work, "cache"), "--verbose"], check=True)
+                    "--cache-dir", os.path.join(work, "cache")], check=True)
     ok = True
     try:
         print("fine-tuning all-MiniLM-L6-v2 for 30 real AdamW steps on CPU ...")
@@ -91,7 +83,6 @@ def main() -> int:
             st = subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", "--json",
                                  os.path.join(mnt, name)], capture_output=True, text=True,
                                 check=True).stdout
-            import json
             r = json.loads(st)
             rows.append((name, r["logical"], r["stored"], t_mount, t_local,
                          same_bytes, same_values))
@@ -103,7 +94,9 @@ def main() -> int:
             print(f"{name:<12} {lg / 1e6:>11.2f} {sto / 1e6:>10.2f} {100 * sto / lg:>8.1f}% "
                   f"{tm:>14.2f} {tl:>19.2f} {str(sb):>12} {str(sv):>14}")
         print()
-        print("how the bytes went:", _transport(os.path.join(work, "cache", "s4fs-mount.log")))
+        status = subprocess.run([sys.executable, "-m", "s4fs.cli", "status", "--json", mnt],
+                                capture_output=True, text=True, check=True).stdout
+        print("how the bytes went:", _transport(json.loads(status)))
         print()
         subprocess.run(["ls", "-la", mnt], check=True)
     finally:

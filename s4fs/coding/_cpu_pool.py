@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -95,7 +96,6 @@ def decode_batch(job: DecodeJob) -> int:
 
 def _ping(hold: float = 0.0) -> int:
     if hold:
-        import time
         time.sleep(hold)       # busy a moment: the next ping goes to another worker
     return os.getpid()
 
