@@ -36,8 +36,8 @@ from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, N
                        PackCache, ReadHandle)
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
-from s4fs.write import (Committer, IngestSession, Journal, State, WriteHandle, candidates,
-                        new_session)
+from s4fs.write import (Committer, IngestSession, Journal, RoomKeeper, State, WriteHandle,
+                        candidates, new_session)
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
            "WriteHandle"]
@@ -110,6 +110,7 @@ class Filesystem:
         self._cache_lock = _lock_cache_dir(self.cache_dir)
         self.spool_dir = os.path.join(self.cache_dir, "spool")
         os.makedirs(self.spool_dir, exist_ok=True)
+        self.room = RoomKeeper(self.spool_dir, self.make_room)
         self.pack_cache = None
         if self.cfg.pack_cache_bytes != 0 and not isinstance(store, LocalStore):
             self.pack_cache = PackCache(
@@ -188,6 +189,7 @@ class Filesystem:
         for node in pinned:
             self._unpin(node.pin)
         self.committer.close()
+        self.room.close()
         self.source.close()
         os.close(self._cache_lock)
         if self._own_cache:

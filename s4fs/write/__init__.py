@@ -3,6 +3,8 @@
 * ``handle``: :class:`WriteHandle` (one file open for writing, its states, when it
   commits) and :class:`WriterPort` (what it needs of the filesystem);
 * ``spool``: :class:`Spool`, the local file that takes the writes in any order;
+* ``room``: room on the cache disk for a spool the kernel writes (FUSE passthrough):
+  :class:`RoomKeeper` and :func:`disk_full`;
 * ``ingest``: :class:`IngestSession` (stream → chunks → coding → packs) and
   :class:`PackWriter`;
 * ``bases``: the delta base of a new version (:func:`choose_base`) and the ingest that
@@ -19,8 +21,9 @@ from s4fs.write.committer import Committer
 from s4fs.write.handle import State, WriteHandle, WriterPort
 from s4fs.write.ingest import IngestSession, PackWriter
 from s4fs.write.journal import Entry, Journal
+from s4fs.write.room import RoomKeeper, disk_full
 from s4fs.write.spool import Spool, fresh_spool_name
 
-__all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "Spool", "State",
-           "fresh_spool_name",
+__all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "RoomKeeper",
+           "Spool", "State", "disk_full", "fresh_spool_name",
            "WriteHandle", "WriterPort", "candidates", "choose_base", "new_session"]

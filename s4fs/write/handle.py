@@ -55,10 +55,11 @@ from typing import TYPE_CHECKING, Protocol
 import xxhash
 
 from s4fs import metrics
-from s4fs.errors import S4Error, SpoolChanged
+from s4fs.errors import NoSpace, S4Error, SpoolChanged
 from s4fs.write.ingest import IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.parse import looks_complete
+from s4fs.write.room import disk_full
 from s4fs.write.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from s4fs.fs import FsConfig
     from s4fs.runtime import Runtime
     from s4fs.write.journal import Journal
+    from s4fs.write.room import RoomKeeper
 
 
 class WriterPort(Protocol):
@@ -83,6 +85,7 @@ class WriterPort(Protocol):
     decoded: "DecodedCache | None"    # keeps a committed spool as the version's copy
     source: "ChunkSource"             # reads the version a file opened without O_TRUNC had
     runtime: "Runtime"                # its threads (the passthrough check at a commit)
+    room: "RoomKeeper"                # keeps the cache disk from filling under passthrough
 
     def make_room(self, nbytes: int) -> bool:
         """The cache disk is full: give space back; True if any was freed."""
@@ -156,6 +159,7 @@ class WriteHandle:
         # FUSE passthrough (s4fs.mount): the kernel writes into the spool itself and the
         # handle learns of it from the spool's size and mtime (see behind())
         self.passthrough = False
+        self._watching = False            # counted by fs.room while the kernel writes
         self._seen: tuple[int, int] | None = None
         try:
             if initial is not None:
@@ -224,9 +228,32 @@ class WriteHandle:
         """From now on the kernel writes into the spool directly (FUSE passthrough): no
         write request reaches the handle. Called before the first such write."""
         with self._cond:
+            if not self._watching:
+                self.fs.room.watch()      # the caches make room before the disk is full
+                self._watching = True
             self.passthrough = True
             self._seen = self._spool_stamp()
             self._kick()                  # follow the spool as it grows
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self.fs.room.unwatch()
+
+    def _no_room_check(self) -> None:
+        """(Under the lock; a passthrough save about to be committed or accepted.) The
+        kernel's writes into the spool never reached the daemon, so one that failed on a
+        full cache disk went unseen: where the disk is full now, fail the save (the
+        previous version stays) rather than commit what the spool holds."""
+        if not self.passthrough or not disk_full(self.fs.spool_dir):
+            return
+        exc = NoSpace(f"the cache disk was full while {self.path!r} was written through "
+                      f"FUSE passthrough, so a write may have failed: this version was not "
+                      f"stored, the previous one stays; free space under --cache-dir or "
+                      f"point it at a larger disk")
+        log.warning("%s", exc)
+        self._fail(exc)
+        raise exc
 
     def _spool_stamp(self) -> tuple[int, int]:
         st = os.fstat(self.spool.fd)
@@ -401,6 +428,7 @@ class WriteHandle:
             self.behind()
             if self.state is not State.STREAMING or self._orphaned:
                 return
+            self._no_room_check()
             if not looks_complete(self.spool.read, self.spool.size):
                 return                 # a half-written checkpoint: the last release acts
             self.closed_at = time.monotonic()
@@ -414,6 +442,8 @@ class WriteHandle:
             self.behind()
             if self._orphaned or self.state not in (State.STREAMING, State.SPOOLED):
                 return
+            if self.state is State.STREAMING:
+                self._no_room_check()
             if not self.writeback:
                 self._commit_or_fail()
                 return
@@ -424,10 +454,14 @@ class WriteHandle:
                 raise
 
     def _act(self) -> None:
-        if self.writeback:
-            self._accept()
-        else:
+        if not self.writeback:
             self._commit_or_fail()
+            return
+        try:
+            self._accept()
+        except BaseException as exc:   # not journalled: close() fails, nothing is kept
+            self._fail(exc)
+            raise
 
     def _accept(self) -> None:
         """Writeback: the spool holds every byte; journal it, queue its commit, return."""
@@ -611,6 +645,7 @@ class WriteHandle:
             self.error = exc
             metrics.observe_error(type(exc).__name__)
         self.state = State.FAILED
+        self._unwatch()
         if self.accepted_at:           # its spool goes with it: nothing left to replay
             self.fs.journal.drop(self.spool.name)
             self.accepted_at = 0.0
@@ -735,6 +770,11 @@ class WriteHandle:
             if self.refs > 0:
                 return
             if self.state is State.STREAMING and self.error is None and not self._orphaned:
+                try:
+                    self._no_room_check()
+                except BaseException:
+                    self._close()
+                    raise
                 if self.writeback:
                     try:
                         self._accept()
@@ -799,6 +839,7 @@ class WriteHandle:
                     self._session = None
                 self.spool.close(remove=False)
                 self.state = State.CLOSED
+                self._unwatch()
                 self.fs.release_writer(self)
             else:
                 self._close()
@@ -817,6 +858,7 @@ class WriteHandle:
         if self._session is not None:
             self._session.abort()
             self._session = None
+        self._unwatch()
         if self.state is not State.FAILED:
             committed = self.state is State.COMMITTED and self.previous is not None
             self.state = State.CLOSED

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from disk_helpers import stored_file as store_holds
 from s4fs.coding import IngestConfig
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.runtime import current
@@ -39,16 +40,7 @@ def fs(request, tmp_path):
 
 
 def stored_file(tmp_path, path: str) -> bytes:
-    """The file as a fresh filesystem on the same store reads it (no caches)."""
-    fresh = Filesystem(LocalStore(str(tmp_path / "store")), FsConfig(decoded_cache_bytes=0))
-    try:
-        r = fresh.open_read(path)
-        try:
-            return r.read(0, r.size + 1)
-        finally:
-            r.release()
-    finally:
-        fresh.close()
+    return store_holds(tmp_path / "store", path)
 
 
 def checkpoint(seed: int) -> bytes:

@@ -11,11 +11,11 @@ import errno
 import hashlib
 import logging
 import os
-import subprocess
 from collections import namedtuple
 
 import pytest
 
+from disk_helpers import small_tmpfs
 from s4fs.read import PackCache
 
 MiB = 1 << 20
@@ -25,17 +25,8 @@ DISK = 64 * MiB
 @pytest.fixture
 def small_disk(tmp_path):
     """A freshly mounted 64 MiB tmpfs; its path."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mnt)],
-                          check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a 64 MiB tmpfs (needs root): {done.stderr.strip()}")
-    try:
-        yield str(mnt)
-    finally:
-        if subprocess.run(["umount", str(mnt)], check=False, capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+    with small_tmpfs(tmp_path / "small", DISK) as path:
+        yield path
 
 
 _statvfs = os.statvfs          # the real one, for tests that make the cache's lie

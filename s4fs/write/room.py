@@ -1,0 +1,116 @@
+"""Room on the cache disk for saves whose writes the daemon never sees (FUSE passthrough).
+
+Through FUSE requests every write reaches :class:`~s4fs.write.spool.Spool`, which meets
+a full cache disk by asking the caches for room and, failing that, fails the save: the
+caller's ``close()`` raises ``ENOSPC`` and the previous version stays. Under passthrough
+the kernel writes the spool itself; a write that finds the disk full fails in the caller
+and the daemon hears nothing of it. Two things keep the same promise there:
+
+* :class:`RoomKeeper` — while any save is written behind the daemon's back, a thread
+  looks at the cache disk every few milliseconds and has the caches give space back
+  before the disk is full (what ``Spool.write`` does after the fact on requests);
+* :func:`disk_full` — at ``close()`` / ``fsync()`` of such a save, one block written to
+  an unnamed file on the same disk: refused means the disk is full now, so one of the
+  save's writes may have failed, and the handle fails the save instead of committing
+  what the spool holds. A write that failed while the caches still held space that the
+  keeper gave back before ``close()`` would go unseen; the keeper acts while a gigabyte
+  is still free, which the kernel does not fill within one look.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import tempfile
+import threading
+
+log = logging.getLogger(__name__)
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(folder: str) -> bool:
+    """Whether the filesystem holding ``folder`` refuses one more block now (what a
+    root-owned writer, like the kernel's passthrough writes, can still get)."""
+    try:
+        fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o600)
+        name = None
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            return True
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".room-")   # no O_TMPFILE here
+    try:
+        block = os.fstatvfs(fd).f_bsize or 4096
+        try:
+            os.write(fd, bytes(block))
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                return True
+            raise
+        return False
+    finally:
+        os.close(fd)
+        if name is not None:
+            os.unlink(name)
+
+
+class RoomKeeper:
+    """Keeps ``headroom`` bytes free on the disk of ``folder`` while saves are written
+    behind the daemon (``watch``/``unwatch`` around each): below it, ``make_room``
+    (the caches give space back) is asked for that much."""
+
+    def __init__(self, folder: str, make_room, *, headroom: int = 1 << 30,
+                 every: float = 0.005) -> None:
+        self.folder = folder
+        self.make_room = make_room
+        self.headroom = headroom
+        self.every = every
+        self._cond = threading.Condition()
+        self._watched = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self) -> None:
+        with self._cond:
+            self._watched += 1
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="s4fs-room")
+                self._thread.start()
+
+    def unwatch(self) -> None:
+        with self._cond:
+            self._watched -= 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            t = self._thread
+        if t is not None:
+            t.join()
+
+    def free(self) -> int:
+        st = os.statvfs(self.folder)
+        return st.f_bavail * st.f_frsize
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._closed or self._watched <= 0:
+                        self._thread = None
+                        return
+                    self._cond.wait(self.every)
+                if self.free() < self.headroom and self.make_room(self.headroom):
+                    log.info("the cache disk has less than %d MiB free while a file is "
+                             "written through FUSE passthrough: the caches gave space back",
+                             self.headroom >> 20)
+        except Exception:                # the keeper must not take the mount down
+            log.exception("watching the cache disk's free space")
+            with self._cond:
+                self._thread = None
