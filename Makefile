@@ -47,10 +47,22 @@ passthrough: deps $(PT)/.built
 	$(BIN)/pip install -q --no-deps --force-reinstall $(PT)/wheel/pyfuse3-*.whl
 
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
+# the mount tests run twice: every mount through FUSE requests (the suite's default),
+# then through FUSE passthrough (a test that pins one way keeps it)
 test: deps $(PT)/.built
 	S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest tests/$(LAYER)
+	@if [ -z "$(LAYER)" ] || [ "$(LAYER)" = mount ]; then \
+	  echo "== the mount tests again, every mount through FUSE passthrough"; \
+	  S4FS_TEST_TRANSPORT=passthrough S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site \
+	    $(BIN)/python -m pytest tests/mount; \
+	fi
 
+# the demo mounts the way README users should: through FUSE passthrough where the kernel
+# has it (so it builds the binding into the venv first); where the build fails it says
+# so and the demo goes on through FUSE requests, as its last line reports
 demo: deps
+	@$(MAKE) --no-print-directory passthrough || \
+	  echo "make demo: could not build pyfuse3 with FUSE passthrough (see above); the mount will use FUSE requests"
 	$(BIN)/python -m s4fs.demo
 
 bench: deps

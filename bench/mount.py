@@ -153,7 +153,8 @@ def print_fill_log(cache: str, took: float, kind: str, since: int = 0) -> None:
         with open(os.path.join(cache, "s4fs-mount.log")) as f:
             f.seek(since)
             lines = [ln.rstrip() for ln in f
-                     if any(w in ln for w in ("ahead", "first read", "released", "mounted", "batch", "committed"))]
+                     if any(w in ln for w in ("ahead", "first read", "released", "mounted", "batch",
+                                              "committed", "through FUSE", "refresh"))]
     except OSError:
         return
     print(f"# {kind}: {took:.2f} s; the daemon's log says:", flush=True)
@@ -208,6 +209,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         last = f"ckpt_{len(cks) - 1}.pt"
         pm, pl = os.path.join(mnt, last), os.path.join(local, last)
         torch.load(os.path.join(local, "ckpt_0.pt"))   # untimed: torch.load's own warm-up
+        since = log_size(cache)
         for k in range(loads):                           # alternating which side goes first
             if k % 2:
                 res["warm_l"].append(timed(lambda: torch.load(pl)))
@@ -215,6 +217,11 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
             else:
                 res["warm_m"].append(timed(lambda: torch.load(pm)))
                 res["warm_l"].append(timed(lambda: torch.load(pl)))
+        if daemon_log:
+            print(f"# {mode}: warm loads, mount " + " ".join(f"{t:.3f}" for t in res["warm_m"])
+                  + " s, local " + " ".join(f"{t:.3f}" for t in res["warm_l"]) + " s",
+                  flush=True)
+            print_fill_log(cache, sum(res["warm_m"]), "the warm loads", since)
         logical = stored = 0
         for i in range(len(cks)):
             r = json.loads(cli("stat", "--json", os.path.join(mnt, f"ckpt_{i}.pt")).stdout)

@@ -51,8 +51,10 @@ class Mount:
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "s4fs.cli", "mount", self.store, self.path,
-               "--cache-dir", self.cache, *self.extra]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+               "--cache-dir", self.cache, *(a for a in self.extra if a != AUTO_TRANSPORT),
+               *transport_flags(self.extra)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                             env=transport_env(self.extra))
         assert res.returncode == 0, f"mount failed: {res.stderr}"
         assert os.path.ismount(self.path), "daemon reported ready but nothing is mounted"
 
@@ -75,6 +77,35 @@ class Mount:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+# Which way a test's mount moves bytes when the test does not say: FUSE requests, unless
+# S4FS_TEST_TRANSPORT=passthrough (`make test` runs the mount tests both ways), whatever
+# pyfuse3 the venv holds — a venv where `make demo` installed the passthrough build still
+# tests the request path by default.
+TRANSPORT = os.environ.get("S4FS_TEST_TRANSPORT", "requests")
+# in a Mount's extra: no transport flag at all (the mount decides, as `s4fs mount` does)
+AUTO_TRANSPORT = "<auto transport>"
+
+
+def transport_flags(extra) -> list[str]:
+    if "--passthrough" in extra or "--no-passthrough" in extra or AUTO_TRANSPORT in extra:
+        return []
+    return ["--passthrough"] if TRANSPORT == "passthrough" else ["--no-passthrough"]
+
+
+def transport_env(extra) -> dict | None:
+    """The daemon's environment: with passthrough, the pyfuse3 built for it first on its
+    PYTHONPATH (S4FS_PYFUSE3_PASSTHROUGH, which `make test` sets)."""
+    if "--passthrough" not in [*extra, *transport_flags(extra)]:
+        return None
+    site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
+    if not site:
+        return None          # the venv's own pyfuse3 (the test's pt_site, or make passthrough)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([site] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
+    return env
 
 
 def _stale(path: str) -> bool:

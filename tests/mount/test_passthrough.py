@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from mount_helpers import Mount
+from mount_helpers import AUTO_TRANSPORT, TRANSPORT, Mount
 
 pytestmark = pytest.mark.fuse
 
@@ -467,7 +467,7 @@ def test_passthrough_is_the_default_where_pyfuse3_can_ask_for_it(pt_site, mount_
     root on a kernel that has it) saves through it; ``--no-passthrough`` keeps every
     write a FUSE request. Both store the exact bytes."""
     raw = data("auto", 3 << 20)
-    auto = mount_factory(extra=["-v"])
+    auto = mount_factory(extra=["-v", AUTO_TRANSPORT])
     off = mount_factory(store=auto.store, name="off", extra=["--no-passthrough", "-v"])
     for m, name in ((auto, "a.bin"), (off, "b.bin")):
         with open(os.path.join(m.path, name), "wb") as f:
@@ -491,7 +491,10 @@ def test_without_the_binding_the_default_mount_says_why_it_uses_requests(mount_f
     import pyfuse3
     if hasattr(pyfuse3, "get_session_fd"):
         pytest.skip("this environment's own pyfuse3 has passthrough (`make passthrough`)")
-    m = mount_factory(extra=["-v"])
+    if TRANSPORT == "passthrough":
+        pytest.skip("this run's mounts use the pyfuse3 built with passthrough "
+                    "(S4FS_TEST_TRANSPORT); the request-path run covers this")
+    m = mount_factory(extra=["-v", AUTO_TRANSPORT])
     raw = data("stock", 1 << 20)
     with open(os.path.join(m.path, "c.bin"), "wb") as f:
         f.write(raw)
