@@ -265,8 +265,9 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
 def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -> dict:
     """The default mode's floor once the transport is free (FUSE passthrough): each
     checkpoint's bytes, already in a local file, coded and stored as the mount's commit
-    does (the same coding workers and device, deltas on the one before) — against
-    ``torch.save`` + ``os.sync()`` of the same checkpoint."""
+    does (the same coding workers and device, deltas on the one before, whose bytes come
+    from its local copy as on the mount) — against ``torch.save`` + ``os.sync()`` of the
+    same checkpoint."""
     import torch
     from s4fs.cli import _fs_config
     from s4fs.fs import Filesystem
@@ -296,9 +297,13 @@ def coding_floor(cks: list[dict], work: str, device: str, workers: int | None) -
                 piece = sp.read(pos, 4 << 20)
                 s.write(piece, stable=True)
                 pos += len(piece)
-            fs.commit(name, s.finish())
+            m = s.finish()
+            fs.commit(name, m)
             res["coding"].append(time.perf_counter() - t)
-            sp.close(remove=False)
+            if fs.decoded is not None:     # as the mount keeps a committed spool: the
+                fs.decoded.adopt(m.id, sp)  # next save's delta base is read from it
+            else:
+                sp.close(remove=False)
     finally:
         fs.close()
         current().pools.close()

@@ -12,9 +12,10 @@ threads. :class:`GpuBatches` gathers a session's chunks into GPU batches of abou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from s4fs import codec
 from s4fs.codec import resolve_device
@@ -82,13 +83,31 @@ class ThreadPool(CodingPool):
 
     def _code_on_cpu(self, items) -> list:
         out = []
-        for data, dtype, base, _ in items:
-            sum_ = codec.checksum(data)
-            if self.source is None:
-                base = None
-            out.append(chunk_result(data, dtype, sum_, base,
-                                    (lambda base=base: self.source.get(base)), self.cfg))
+        with self._base_file(items) as fd:
+            for data, dtype, base, where in items:
+                sum_ = codec.checksum(data)
+                if self.source is None:
+                    base = None
+                out.append(chunk_result(data, dtype, sum_, base,
+                                        lambda base=base, where=where:
+                                        base_bytes(fd, where, base, self.source), self.cfg))
         return out
+
+    @contextlib.contextmanager
+    def _base_file(self, items):
+        """The base version's decoded copy, open for reading while a batch that has delta
+        bases is coded (None: no copy, or nothing to read from it)."""
+        fd = None
+        if self.base_path is not None and any(it[3] is not None for it in items):
+            try:
+                fd = os.open(self.base_path, os.O_RDONLY)
+            except OSError:
+                fd = None
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def _code_on_gpu(self, items) -> list:
         prep = self._prepare_bases(items)
@@ -98,20 +117,11 @@ class ThreadPool(CodingPool):
         """Per chunk, ``delta_prep``'s answer. Base bytes come from the base version's
         decoded copy when it holds them intact (checked against the manifest's
         checksum), else from the store."""
-        fd = None
-        if self.base_path is not None and any(it[3] is not None for it in items):
-            try:
-                fd = os.open(self.base_path, os.O_RDONLY)
-            except OSError:
-                fd = None
-        try:
+        with self._base_file(items) as fd:
             return [delta_prep(data, base, self.cfg,
                                lambda base=base, where=where:
                                base_bytes(fd, where, base, self.source))
                     for data, _, base, where in items]
-        finally:
-            if fd is not None:
-                os.close(fd)
 
 
 class GpuBatches:

@@ -264,7 +264,7 @@ class IngestSession:
         idx = len(self._tensor.chunks) + sum(1 for p in self._pending if p.stream is self._tensor)
         base = base_chunk(self._tensor_base, idx)
         where = None
-        if self._gpu is not None and base is not None:
+        if base is not None:            # where its bytes lie in the base's local copy
             where = self._bases.range_of(self._tensor_base, idx)
         self._emit(self._tensor, chunk, self._tensor.dtype, base, where)
 
@@ -294,7 +294,7 @@ class IngestSession:
             fut = self._gpu.add(data, dtype, base if self._source is not None else None, where)
             self._pending.append(_Pending(stream, fut))
         else:                           # a batch of one chunk: coded on a codec thread
-            fut = self._threads.submit(ChunkBatch(((data, dtype, base, None),)))
+            fut = self._threads.submit(ChunkBatch(((data, dtype, base, where),)))
             self._pending.append(_Pending(stream, fut, batch=True))
 
     def _drain_one(self) -> None:

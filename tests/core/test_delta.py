@@ -94,6 +94,34 @@ def test_delta_is_smaller_and_exact(tmp_path):
     fs.close()
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "workers"])
+def test_delta_bases_come_from_the_previous_versions_local_copy(tmp_path, processes):
+    """The previous checkpoint, just saved, is kept whole on local disk: the next save's
+    delta bases are read from that copy (checked against their checksums), not decoded
+    again from the store — in the daemon's threads (``--workers 0``) as in the worker
+    processes — and the new file reads back exact."""
+    fs = make_fs(str(tmp_path / "s"), processes=processes, workers=2)
+    try:
+        data = series(2)
+        put(fs, "ckpt_0.pt", data[0])
+        assert fs.decoded.path_of(fs.manifest("ckpt_0.pt").id) is not None
+        decoded_from_store = []
+        real_get = fs.source.get
+        fs.source.get = lambda ref, *a, **k: (decoded_from_store.append(ref),
+                                             real_get(ref, *a, **k))[1]
+        put(fs, "ckpt_1.pt", data[1])
+        m1 = fs.manifest("ckpt_1.pt")
+        assert any(c.base is not None for st in m1.streams for c in st.chunks)
+        assert decoded_from_store == []
+    finally:
+        fs.close()
+    fresh = Filesystem(LocalStore(str(tmp_path / "s")), FsConfig(decoded_cache_bytes=0))
+    try:
+        assert get(fresh, "ckpt_1.pt") == data[1]
+    finally:
+        fresh.close()
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_depth_bound(tmp_path, depth):
     # the read budget (max_chain_read) bounds chains too: out of the way here
