@@ -25,7 +25,8 @@
 #           TRAIN_PROFILE=1 keeps daemon logs and py-spy profiles in $OUT
 #           (TRAIN_PYSPY=0: the logs alone);
 #           TRAIN_GIB, TRAIN_EVERY, TRAIN_CKPTS: state size, steps, checkpoints;
-#           TRAIN_ROUNDS: run the modes that many times, alternating order (560 s)
+#           TRAIN_ROUNDS: run the modes that many times, alternating order;
+#           TRAIN_SECONDS: the run's limit (560 s)
 #   multi-gpu  an FSDP2 GPT on every GPU (torchrun, NCCL) checkpointed with DCP to
 #           local disk, through one --device cuda mount and with s4fs.dcp's
 #           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB,
@@ -139,9 +140,10 @@ for suite in "$@"; do
         t0=$SECONDS
         patched_pyfuse3          # the passthrough modes (mount-pt*, fuse-floor-pt)
         # --budget: the modes that fit, and their table, rather than a timeout and no table
-        run $((560 - (SECONDS - t0))) python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
+        tl=${TRAIN_SECONDS:-560}
+        run $((tl - (SECONDS - t0))) python3 "$B/train_loop.py" --gib "${TRAIN_GIB:-1.7}" --every "${TRAIN_EVERY:-200}" \
             --checkpoints "${TRAIN_CKPTS:-4}" --rounds "${TRAIN_ROUNDS:-1}" --work /tmp \
-            --budget $((530 - (SECONDS - t0))) \
+            --budget $((tl - 30 - (SECONDS - t0))) \
             ${TRAIN_MODES:+--modes "$TRAIN_MODES"} ${TRAIN_PROFILE:+--profile "$OUT/profile"}
         ;;
     multi-gpu)
