@@ -47,14 +47,15 @@ passthrough: deps $(PT)/.built
 	$(BIN)/pip install -q --no-deps --force-reinstall $(PT)/wheel/pyfuse3-*.whl
 
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
-# the mount tests run twice: every mount through FUSE requests (the suite's default),
-# then through FUSE passthrough (a test that pins one way keeps it)
+# the tests with a real mount run twice: every mount through FUSE requests (the suite's
+# default), then through FUSE passthrough (a test that pins one way keeps it): tests/mount,
+# and the `fuse`-marked tests of the other layers (DCP, names, deltas, workers, report)
+PT_RUN := S4FS_TEST_TRANSPORT=passthrough S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest
 test: deps $(PT)/.built
 	S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest tests/$(LAYER)
 	@if [ -z "$(LAYER)" ] || [ "$(LAYER)" = mount ]; then \
 	  echo "== the mount tests again, every mount through FUSE passthrough"; \
-	  S4FS_TEST_TRANSPORT=passthrough S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site \
-	    $(BIN)/python -m pytest tests/mount; \
+	  $(PT_RUN) tests/mount && { [ -n "$(LAYER)" ] || $(PT_RUN) -m fuse tests/api tests/core; }; \
 	fi
 
 # the demo mounts the way README users should: through FUSE passthrough where the kernel
