@@ -102,10 +102,14 @@ def transport_env(extra) -> dict | None:
     site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
     if not site:
         return None          # the venv's own pyfuse3 (the test's pt_site, or make passthrough)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([site] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                                  else []))
-    return env
+    return {**os.environ, "PYTHONPATH": site_first(site)}
+
+
+def site_first(site: str) -> str:
+    """This process's PYTHONPATH with ``site`` (a pyfuse3 built with passthrough) first,
+    once."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    return os.pathsep.join([site, *rest])
 
 
 def _stale(path: str) -> bool:
@@ -154,8 +158,7 @@ def pt_site(monkeypatch):
             pytest.fail("S4FS_PYFUSE3_PASSTHROUGH names no pyfuse3 built with passthrough "
                         "(make test builds it)")
         pytest.skip("no pyfuse3 built with passthrough (run the suite through make test)")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [site] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    monkeypatch.setenv("PYTHONPATH", site_first(site))
     return site
 
 

@@ -59,7 +59,6 @@ from s4fs.errors import NoSpace, S4Error, SpoolChanged
 from s4fs.write.ingest import IngestSession
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.parse import looks_complete
-from s4fs.write.room import disk_full
 from s4fs.write.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -245,15 +244,14 @@ class WriteHandle:
         kernel's writes into the spool never reached the daemon, so one that failed on a
         full cache disk went unseen: where the disk is full now, fail the save (the
         previous version stays) rather than commit what the spool holds."""
-        if not self.passthrough or not disk_full(self.fs.spool_dir):
+        if not self.passthrough:
             return
-        exc = NoSpace(f"the cache disk was full while {self.path!r} was written through "
-                      f"FUSE passthrough, so a write may have failed: this version was not "
-                      f"stored, the previous one stays; free space under --cache-dir or "
-                      f"point it at a larger disk")
-        log.warning("%s", exc)
-        self._fail(exc)
-        raise exc
+        try:
+            self.spool.check_written_behind()
+        except NoSpace as exc:
+            log.warning("%s", exc)
+            self._fail(exc)
+            raise
 
     def _spool_stamp(self) -> tuple[int, int]:
         st = os.fstat(self.spool.fd)

@@ -33,8 +33,15 @@ import tempfile
 import uuid
 
 from s4fs.errors import NoSpace
+from s4fs.write.room import disk_full
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space(when: str) -> NoSpace:
+    return NoSpace(f"the cache disk is full {when}: free space under --cache-dir or point "
+                   f"it at a larger disk; this version was not stored, the previous one "
+                   f"stays")
 
 
 def fresh_spool_name(folder: str) -> str:
@@ -78,10 +85,8 @@ class Spool:
                 self._pwrite_all(data, offset)     # the caches gave room back: once more
         except OSError as exc:
             if exc.errno in _NO_SPACE:
-                raise NoSpace(
-                    f"the cache disk is full while writing {self.label!r} (offset {offset}, "
-                    f"{n} bytes): free space under --cache-dir or point it at a larger "
-                    f"disk; this version was not stored, the previous one stays") from None
+                raise _no_space(f"while writing {self.label!r} (offset {offset}, {n} "
+                                f"bytes)") from None
             raise
         self.size = max(self.size, offset + n)
         self._mark(offset, offset + n)
@@ -95,6 +100,14 @@ class Spool:
             if more == 0:
                 raise OSError(errno.ENOSPC, "no space left on device")
             done += more
+
+    def check_written_behind(self) -> None:
+        """(FUSE passthrough: the kernel wrote this file, and a write of its that failed
+        never reached us.) Raise :class:`NoSpace` where the cache disk is full now: one
+        of those writes may have failed for want of room."""
+        if disk_full(os.path.dirname(self.name)):
+            raise _no_space(f"while {self.label!r} was written through FUSE passthrough, "
+                            f"so a write may have failed")
 
     def truncate(self, size: int) -> None:
         try:
