@@ -24,7 +24,8 @@ __all__ = ["compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "as_by
 
 
 def compress(data, dtype="bytes", *, base=None, device: str = "auto",
-             profile: CpuProfile | None = None) -> bytes:
+             profile: CpuProfile | None = None, checksum: int | None = None,
+             base_checksum: int | None = None) -> bytes:
     """Compress ``data`` (bytes-like, NumPy array or torch tensor) losslessly.
 
     ``dtype`` names how to read the bytes (a torch dtype name, or ``"bytes"``); it only
@@ -33,13 +34,18 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     byte-XOR with it and needs the same base to decode.
     ``device`` is ``"auto"`` (GPU when CUDA and nvCOMP are available), ``"cpu"`` or
     ``"cuda"``.
+    ``checksum`` / ``base_checksum``: :func:`checksum` of ``data`` / ``base`` where the
+    caller has just taken it of these very bytes (the CPU path then does not hash them
+    again). A wrong value cannot give wrong bytes back: :func:`decompress` checks what it
+    restores, and the base it is given, against them and raises.
     """
     dt = lookup(dtype)
     if _device.use_gpu(device, data):
         from . import gpu
         return _device.on_gpu_thread(gpu.compress, data, dt, base=base, profile=profile)
     raw = as_bytes(data)
-    return compress_cpu(raw, dt, base=base, profile=profile or DEFAULT_CPU)
+    return compress_cpu(raw, dt, base=base, profile=profile or DEFAULT_CPU,
+                        data_sum=checksum, base_sum=base_checksum)
 
 
 def decompress(blob, *, base=None, device: str = "auto") -> bytes:

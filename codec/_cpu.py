@@ -136,9 +136,12 @@ def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | 
 
 
 def compress_cpu(raw: memoryview, dt: DType, *, base=None,
-                 profile: CpuProfile = DEFAULT_CPU) -> bytes:
-    data_sum = checksum(raw)
-    base_sum = None
+                 profile: CpuProfile = DEFAULT_CPU, data_sum: int | None = None,
+                 base_sum: int | None = None) -> bytes:
+    """``data_sum`` / ``base_sum``: the checksums of ``raw`` / ``base`` where the caller
+    has them (else taken here)."""
+    if data_sum is None:
+        data_sum = checksum(raw)
     src = raw
     if base is not None:
         b = as_bytes(base)
@@ -146,8 +149,11 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
             raise CodecError(
                 f"delta base has {len(b)} bytes but data has {len(raw)}; a base must be "
                 f"exactly as long as the data")
-        base_sum = checksum(b)
+        if base_sum is None:
+            base_sum = checksum(b)
         src = memoryview(xor(raw, b))
+    else:
+        base_sum = None
     layout = _planes.cpu_layout_for(dt) if profile.layout is None else profile.layout
     if not _planes.fits(dt, layout):
         raise CodecError(f"plane layout {layout} is not defined for {dt.name}")

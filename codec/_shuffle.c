@@ -10,6 +10,7 @@
  *   merge_bytes(planes, dst, unit)
  *   split_sign_bytes(src, dst, unit)  SIGN_BYTES: packed signs, then bytes unit-1..0
  *   merge_sign_bytes(planes, dst, unit)
+ *   zero_runs(src, dst, min_run) -> count   the long runs of zero bytes (zstd's parse)
  *
  * ``src``/``dst`` hold n whole elements (n * unit bytes; the caller handles a tail).
  * Split writes its planes back to back into ``dst`` in the order the layout defines;
@@ -348,6 +349,92 @@ static PyObject *py_merge_sign_bytes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------- zero runs */
+
+static inline uint64_t word_at(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The runs of at least min_run zero bytes in a[0:n] into out as (start, end) pairs;
+ * returns how many. A run of 15 or more zeros holds a whole aligned 8-byte word, so for
+ * such runs only the zero words are looked at byte by byte: a plane with few long runs
+ * costs one pass over its words, whatever its short runs. */
+static Py_ssize_t find_zero_runs(const uint8_t *a, Py_ssize_t n, Py_ssize_t min_run,
+                                 int64_t *out) {
+    Py_ssize_t count = 0;
+    if (min_run >= 15) {
+        Py_ssize_t words = n / 8, w = 0;
+        while (w < words) {
+            if (word_at(a + 8 * w)) {
+                w++;
+                continue;
+            }
+            Py_ssize_t start = 8 * w, end = 8 * w + 8;
+            while (start > 0 && !a[start - 1])
+                start--;
+            while (end + 8 <= n && !word_at(a + end))
+                end += 8;
+            while (end < n && !a[end])
+                end++;
+            if (end - start >= min_run) {
+                out[2 * count] = start;
+                out[2 * count + 1] = end;
+                count++;
+            }
+            w = end / 8 + 1;      /* the word holding a[end] is not all zeros */
+        }
+        return count;
+    }
+    Py_ssize_t i = 0;
+    while (i < n) {
+        while (i < n && a[i])
+            i++;
+        Py_ssize_t start = i;
+        while (i < n && !a[i])
+            i++;
+        if (i > start && i - start >= min_run) {
+            out[2 * count] = start;
+            out[2 * count + 1] = i;
+            count++;
+        }
+    }
+    return count;
+}
+
+/* zero_runs(src, dst, min_run) -> count: the runs of zero bytes in src at least
+ * min_run long, as (start, end) int64 pairs written into dst, which must have room for
+ * every run there can be (len(src) // (min_run + 1) + 1 pairs). */
+static PyObject *py_zero_runs(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    Py_ssize_t min_run;
+    Py_buffer s, d;
+    if (!PyArg_ParseTuple(args, "OOn", &src, &dst, &min_run))
+        return NULL;
+    if (min_run < 1) {
+        PyErr_Format(PyExc_ValueError, "min_run must be at least 1, not %zd", min_run);
+        return NULL;
+    }
+    if (get_bufs(src, dst, &s, &d) < 0)
+        return NULL;
+    Py_ssize_t n = s.len, cap = d.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    if (cap < n / (min_run + 1) + 1) {
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&d);
+        PyErr_Format(PyExc_ValueError, "room for %zd runs, %zd bytes may hold %zd", cap,
+                     n, n / (min_run + 1) + 1);
+        return NULL;
+    }
+    Py_ssize_t count;
+    Py_BEGIN_ALLOW_THREADS
+    count = find_zero_runs(s.buf, n, min_run, d.buf);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&d);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"split_sm", py_split_sm, METH_VARARGS, "FLOAT_SM split into dst"},
     {"merge_sm", py_merge_sm, METH_VARARGS, "FLOAT_SM merge into dst"},
@@ -355,6 +442,7 @@ static PyMethodDef methods[] = {
     {"merge_bytes", py_merge_bytes, METH_VARARGS, "BYTES merge into dst"},
     {"split_sign_bytes", py_split_sign_bytes, METH_VARARGS, "SIGN_BYTES split into dst"},
     {"merge_sign_bytes", py_merge_sign_bytes, METH_VARARGS, "SIGN_BYTES merge into dst"},
+    {"zero_runs", py_zero_runs, METH_VARARGS, "runs of zero bytes: (start, end) pairs"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,31 +33,40 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     sample (:func:`guess_sizes`) says which way to code first, so most chunks are coded
     once; the other way is coded too only where the real size contradicts the guess."""
     device = cfg.device if device is None else device
+
+    def whole() -> bytes:         # the chunk's checksum is this data's: not taken again
+        return codec.compress(data, dtype, device=device, checksum=checksum)
+
     if not delta_candidate(base, len(data), cfg):
-        return codec.compress(data, dtype, device=device), FULL
+        return whole(), FULL
     base_raw = readable_base(base_bytes, f"pack {base.pack}")
     if base_raw is None:
-        return codec.compress(data, dtype, device=device), FULL
+        return whole(), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
     room = chain_room(base, cfg)            # stored bytes a delta may add to the chain
     if room <= 0:
-        return codec.compress(data, dtype, device=device), FULL
+        return whole(), FULL
+
+    def against() -> bytes:       # base_raw was checked against base.checksum
+        return codec.compress(data, dtype, base=base_raw, device=device,
+                              checksum=checksum, base_checksum=base.checksum)
+
     guess_delta, guess_full = (guess_sizes(data, dtype, base_raw) if device == "cpu"
                                else None) or (None, None)
     if guess_full is not None and not keep_delta(guess_delta, guess_full, cfg, room):
-        full = codec.compress(data, dtype, device=device)     # the sample says: whole
+        full = whole()                                            # the sample says: whole
         if not keep_delta(guess_delta, len(full), cfg, room):
             return full, FULL
-        delta = codec.compress(data, dtype, base=base_raw, device=device)
+        delta = against()
         return (delta, DELTA) if keep_delta(len(delta), len(full), cfg, room) else \
             (full, FULL)
-    delta = codec.compress(data, dtype, base=base_raw, device=device)
+    delta = against()
     if delta_is_tiny(len(delta), len(data)) and len(delta) <= room:
         return delta, DELTA
     if guess_full is not None and keep_delta(len(delta), guess_full, cfg, room):
         return delta, DELTA                                     # the sample says: delta
-    full = codec.compress(data, dtype, device=device)
+    full = whole()
     if keep_delta(len(delta), len(full), cfg, room):
         return delta, DELTA
     return full, FULL

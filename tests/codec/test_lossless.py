@@ -177,6 +177,27 @@ def test_delta_base_errors():
         codec.compress(data, "bytes", base=b"short")
 
 
+
+def test_checksums_given_by_the_caller_make_the_same_blob_and_wrong_ones_fail_loudly():
+    """A caller that has just hashed the bytes hands the checksums in (the chunk rule
+    does): the blob is the one compress makes itself. A wrong checksum never gives wrong
+    bytes back: decompress refuses what it restores, or the base, with an error."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal(4096).astype(np.float32).tobytes()
+    base = (np.frombuffer(data, np.float32) + 1e-3).astype(np.float32).tobytes()
+    sd, sb = codec.checksum(data), codec.checksum(base)
+    assert codec.compress(data, "float32", device="cpu", checksum=sd) == \
+        codec.compress(data, "float32", device="cpu")
+    assert codec.compress(data, "float32", base=base, device="cpu", checksum=sd,
+                          base_checksum=sb) == \
+        codec.compress(data, "float32", base=base, device="cpu")
+    with pytest.raises(ChecksumError):
+        codec.decompress(codec.compress(data, "float32", device="cpu", checksum=sd ^ 1))
+    with pytest.raises(BaseMismatchError, match="different base"):
+        codec.decompress(codec.compress(data, "float32", base=base, device="cpu",
+                                        base_checksum=sb ^ 1), base=base)
+
+
 # --- property tests ------------------------------------------------------------------------
 
 DTYPES = st.sampled_from(FLOATS + OTHERS)
