@@ -61,6 +61,10 @@ class FsConfig:
     # close() returns once the spool holds every byte; commits run in the background,
     # journalled and replayed after a crash (s4fs.write)
     writeback: bool = False
+    # writeback under FUSE passthrough: code a file while the kernel writes it (True:
+    # the commit is done sooner after close(); the coding shares the machine with the
+    # save) or only once close() accepted it (False: nothing beside the save itself)
+    code_while_written: bool = True
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None

@@ -662,8 +662,9 @@ class WriteHandle:
         writes themselves (measured: 2.4x local disk on the H200 box), and what a
         writeback mount promises is the shortest stall; the committer codes the whole
         spool once it is accepted. Under passthrough no request reaches the daemon, so
-        both modes follow the spool (the committer then codes only what is left)."""
-        if self.writeback and not self.passthrough:
+        both modes follow the spool (the committer then codes only what is left),
+        unless the mount codes only after close (``FsConfig.code_while_written``)."""
+        if self.writeback and not (self.passthrough and self.fs.cfg.code_while_written):
             return
         if self._thread is None and not self._stop:
             self._thread = threading.Thread(target=self._ingest_loop, daemon=True,

@@ -197,3 +197,31 @@ def test_writeback_codes_a_checkpoint_against_the_one_still_committing(tmp_path)
         fs.close()
     for k, raw in enumerate(saves, 1):
         assert stored_file(tmp_path, f"ckpt_{k}.pt") == raw
+
+
+@pytest.mark.parametrize("while_written", [True, False])
+def test_writeback_codes_while_written_or_only_after_close(tmp_path, while_written):
+    """``--writeback --passthrough`` follows the spool while the kernel writes it;
+    ``--code-after-close`` (``code_while_written=False``) leaves the save alone and codes
+    it all once close() accepted it. Either way the store holds the bytes exactly."""
+    fs = Filesystem(LocalStore(str(tmp_path / "store")),
+                    FsConfig(ingest=IngestConfig(workers=2), writeback=True,
+                             code_while_written=while_written,
+                             cache_dir=str(tmp_path / "cache")))
+    want = checkpoint(6)
+    try:
+        h = fs.open_write("ckpt.pt")
+        kernel = Kernel(h)
+        kernel.write(0, want)
+        if while_written:
+            coded_up_to(h, len(want))
+        else:
+            time.sleep(0.5)                   # several looks of a following thread
+            with h._cond:
+                h.behind()
+            assert h._ingested == 0 and h._thread is None
+        kernel.close()                        # accepted; the commit runs behind it
+        assert fs.sync(timeout=60) == []
+    finally:
+        fs.close()
+    assert stored_file(tmp_path, "ckpt.pt") == want
