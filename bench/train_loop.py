@@ -28,8 +28,9 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it);
   ``mount-pt``, ``mount-wb-pt`` (and their ``-cuda`` variants): the mount with
   ``--passthrough``, default mode and ``--writeback`` (the same pyfuse3);
-  ``mount-wb-pt-after`` (``-cuda-after``): ``--writeback --passthrough
-  --code-after-close``, coding only once ``close()`` accepted the file;
+  ``mount-wb-pt-follow`` (``-cuda-follow``): ``--writeback --passthrough
+  --code-while-written``, coding while the kernel writes the file (the default codes
+  once ``close()`` accepted it);
   ``mount-pt-full`` (``-cuda-full``): ``--passthrough --no-delta``, every checkpoint
   stored whole — what the delta saves of ``mount-pt`` compare with, save by save. The
   modes without ``-pt`` mount with ``--no-passthrough``: the FUSE request path.
@@ -82,7 +83,7 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-pt", "mount-wb-pt",
          "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda",
          "mount-pt-full", "mount-pt-cuda-full",
-         "mount-wb-pt-after", "mount-wb-pt-cuda-after")
+         "mount-wb-pt-follow", "mount-wb-pt-cuda-follow")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
 
 
@@ -161,8 +162,8 @@ class Mode:
                 extra.append("--no-passthrough")
             if name.endswith("-full"):  # every checkpoint stored whole: no delta base
                 extra.append("--no-delta")
-            if name.endswith("-after"):  # writeback codes only once close() accepted
-                extra.append("--code-after-close")
+            if name.endswith("-follow"):  # writeback codes while the kernel writes
+                extra.append("--code-while-written")
             s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
                      os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []),
                      env=env)

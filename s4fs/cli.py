@@ -49,7 +49,7 @@ def _fs_config(args):
                     delta=not getattr(args, "no_delta", False),
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
-                    code_while_written=not getattr(args, "code_after_close", False),
+                    code_while_written=bool(getattr(args, "code_while_written", False)),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
 
 
@@ -103,8 +103,8 @@ def cmd_mount(args) -> int:
             argv.append("-v")
         if args.writeback:
             argv.append("--writeback")
-        if args.code_after_close:
-            argv.append("--code-after-close")
+        if args.code_while_written:
+            argv.append("--code-while-written")
         if args.passthrough != "auto":
             argv.append("--passthrough" if args.passthrough == "on" else "--no-passthrough")
         if args.no_delta:
@@ -469,10 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--writeback", action="store_true",
                    help="close() returns once the bytes are on local disk; commits run in "
                         "the background (journalled; `s4fs sync` waits for them)")
-    m.add_argument("--code-after-close", action="store_true",
-                   help="with --writeback under FUSE passthrough: code a saved file only "
-                        "after close() accepted it (default: while the kernel writes it, "
-                        "so it is in the store sooner; this leaves the save alone)")
+    m.add_argument("--code-while-written", action="store_true",
+                   help="with --writeback under FUSE passthrough: code a file while the "
+                        "kernel writes it, not only once close() accepted it (in the "
+                        "store a little sooner; the coding then competes with the save)")
     m.add_argument("--passthrough", action="store_const", const="on", default="auto",
                    help="insist on FUSE passthrough: the kernel writes a file being saved "
                         "straight into its spool, and reads a file kept whole on local "
@@ -576,13 +576,13 @@ def main(argv: list[str] | None = None) -> int:
 # mount(8) options without a value, as the mount's flags
 _FLAG_OPTIONS = {"writeback": "--writeback", "passthrough": "--passthrough",
                  "nopassthrough": "--no-passthrough", "nodelta": "--no-delta",
-                 "code_after_close": "--code-after-close"}
+                 "code_while_written": "--code-while-written"}
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
     and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
-    code_after_close, passthrough, nopassthrough, nodelta, cache_size=N, workers=N,
+    code_while_written, passthrough, nopassthrough, nodelta, cache_size=N, workers=N,
     max_chain_read=X, uid=N, gid=N; generic
     mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -61,10 +61,12 @@ class FsConfig:
     # close() returns once the spool holds every byte; commits run in the background,
     # journalled and replayed after a crash (s4fs.write)
     writeback: bool = False
-    # writeback under FUSE passthrough: code a file while the kernel writes it (True:
-    # the commit is done sooner after close(); the coding shares the machine with the
-    # save) or only once close() accepted it (False: nothing beside the save itself)
-    code_while_written: bool = True
+    # writeback under FUSE passthrough: code a file only once close() accepted it (False:
+    # nothing runs beside the save itself) or while the kernel writes it (True: the
+    # coding shares the machine with the save). Measured in the H200 training loop
+    # (docs/BENCHMARKS.md): after close blocked 0.88x local disk, while written 1.05x,
+    # with the same drain (the coding fits in the gap between checkpoints)
+    code_while_written: bool = False
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None

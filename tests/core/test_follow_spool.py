@@ -201,9 +201,9 @@ def test_writeback_codes_a_checkpoint_against_the_one_still_committing(tmp_path)
 
 @pytest.mark.parametrize("while_written", [True, False])
 def test_writeback_codes_while_written_or_only_after_close(tmp_path, while_written):
-    """``--writeback --passthrough`` follows the spool while the kernel writes it;
-    ``--code-after-close`` (``code_while_written=False``) leaves the save alone and codes
-    it all once close() accepted it. Either way the store holds the bytes exactly."""
+    """``--writeback --passthrough`` leaves the save alone and codes the file once
+    close() accepted it; ``--code-while-written`` follows the spool while the kernel
+    writes it. Either way the store holds the bytes exactly."""
     fs = Filesystem(LocalStore(str(tmp_path / "store")),
                     FsConfig(ingest=IngestConfig(workers=2), writeback=True,
                              code_while_written=while_written,
