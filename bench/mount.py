@@ -162,6 +162,33 @@ def print_fill_log(cache: str, took: float, kind: str, since: int = 0) -> None:
         print("#   " + ln, flush=True)
 
 
+def read_file(path: str, piece: int) -> None:
+    """Read ``path`` to its end in reads of ``piece`` bytes (no parsing, no copy out)."""
+    fd = os.open(path, os.O_RDONLY)
+    buf = memoryview(bytearray(piece))
+    try:
+        while os.readv(fd, [buf]) > 0:
+            pass
+    finally:
+        os.close(fd)
+
+
+def read_probe(pm: str, pl: str, rounds: int = 3) -> None:
+    """(``--daemon-log``) The warm file read as plain bytes through the mount and from
+    local disk, in large and in small reads, alternating which goes first: whether a
+    warm load's gap is the read path's or ``torch.load``'s."""
+    for piece in (16 << 20, 64 << 10):
+        got: dict = {"mount": [], "local": []}
+        for k in range(rounds):
+            order = (("mount", pm), ("local", pl)) if k % 2 == 0 else \
+                (("local", pl), ("mount", pm))
+            for side, path in order:
+                got[side].append(timed(lambda path=path: read_file(path, piece)))
+        print(f"# read probe, {piece >> 10} KiB reads: mount "
+              + " ".join(f"{t:.3f}" for t in got["mount"]) + " s, local "
+              + " ".join(f"{t:.3f}" for t in got["local"]) + " s", flush=True)
+
+
 def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
              device: str, loads: int, workers: int | None = None,
              daemon_log: bool = False) -> dict:
@@ -222,6 +249,7 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                   + " s, local " + " ".join(f"{t:.3f}" for t in res["warm_l"]) + " s",
                   flush=True)
             print_fill_log(cache, sum(res["warm_m"]), "the warm loads", since)
+            read_probe(pm, pl)
         logical = stored = 0
         for i in range(len(cks)):
             r = json.loads(cli("stat", "--json", os.path.join(mnt, f"ckpt_{i}.pt")).stdout)
