@@ -225,3 +225,13 @@ def test_writeback_codes_while_written_or_only_after_close(tmp_path, while_writt
     finally:
         fs.close()
     assert stored_file(tmp_path, "ckpt.pt") == want
+
+
+def test_the_mount_option_sets_when_writeback_codes():
+    """``s4fs mount --writeback`` codes after close by default; ``--code-while-written``
+    (fstab: ``code_while_written``) asks for coding while the kernel writes."""
+    from s4fs.cli import _fs_config, build_parser
+    parse = build_parser().parse_args
+    assert not _fs_config(parse(["mount", "st", "mp", "--writeback"])).code_while_written
+    cfg = _fs_config(parse(["mount", "st", "mp", "--writeback", "--code-while-written"]))
+    assert cfg.writeback and cfg.code_while_written

@@ -288,9 +288,8 @@ def test_mount_helper_and_fstab_form(tmp_path):
     if made_link:
         os.symlink(helper, link)
     try:
-        res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o",
-                              "rw,noatime,nodelta,nopassthrough,max_chain_read=1.5", str(store),
-                              str(mp)],
+        opts = "rw,noatime,nodelta,nopassthrough,code_while_written,max_chain_read=1.5"
+        res = subprocess.run(["mount", "-t", "fuse.s4fs", "-o", opts, str(store), str(mp)],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         assert "unknown option" not in res.stderr
