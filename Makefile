@@ -38,13 +38,13 @@ $(STAMP): pyproject.toml Makefile
 
 deps: apt $(STAMP)
 
-$(PT)/.built: $(STAMP) bench/build_pyfuse3_passthrough.sh bench/pyfuse3-passthrough.patch bench/_libfuse_source.sh
-	PYTHON=$(BIN)/python bash bench/build_pyfuse3_passthrough.sh $(PT)
+$(PT)/.built: $(STAMP) mount/binding/build_pyfuse3.sh mount/binding/pyfuse3-passthrough.patch mount/binding/libfuse_source.sh
+	PYTHON=$(BIN)/python bash mount/binding/build_pyfuse3.sh $(PT)
 	touch $@
 
 # `mount --passthrough` needs it in the venv (it links libfuse 3.17.2 from $(PT)/libfuse)
 passthrough: deps $(PT)/.built
-	$(BIN)/pip install -q --no-deps --force-reinstall $(PT)/wheel/pyfuse3-*.whl
+	$(BIN)/s4fs build-passthrough --dest $(abspath $(PT))
 
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
 # the tests with a real mount run twice: every mount through FUSE requests (the suite's

@@ -13,7 +13,7 @@ FUSE writeback cache on (writes land in the page cache; the kernel sends them on
 background and all of them before ``close()`` returns). ``--passthrough``: the kernel's
 FUSE passthrough (Linux >= 6.9, root): every open names its backing file and the kernel
 reads and writes it directly, no request per read or write — needs pyfuse3 built with
-``bench/build_pyfuse3_passthrough.sh`` (libfuse >= 3.16 and the few lines pyfuse3 3.5
+``mount/binding/build_pyfuse3.sh`` (libfuse >= 3.16 and the few lines pyfuse3 3.5
 lacks). Runs in the foreground until
 SIGTERM / SIGINT or an unmount. Used by ``bench/train_loop.py`` (modes ``fuse-floor``
 ``fuse-floor+sync``, ``py-passthrough``, ``py-passthrough+sync``); flat files only,
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
     backing, mountpoint = argv[0], argv[1]
     passthrough = "--passthrough" in argv
     if passthrough and not hasattr(pyfuse3, "get_session_fd"):
-        sys.exit("--passthrough needs pyfuse3 built by bench/build_pyfuse3_passthrough.sh "
+        sys.exit("--passthrough needs pyfuse3 built by mount/binding/build_pyfuse3.sh "
                  "(this pyfuse3 cannot hand the kernel a backing file)")
     ops = Floor(backing, fsync="--fsync" in argv, passthrough=passthrough)
     ops.enable_writeback_cache = "--kernel-cache" in argv

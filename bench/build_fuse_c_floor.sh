@@ -8,7 +8,7 @@
 #   bash bench/build_fuse_c_floor.sh DEST
 #
 # Fetches Debian's fuse3 3.17.2 source (checked against its SHA-256), builds it with
-# meson and ninja (from PyPI, in a throw-away venv: bench/_libfuse_source.sh), and leaves
+# meson and ninja (from PyPI, in a throw-away venv: mount/binding/libfuse_source.sh), and leaves
 # DEST/example/passthrough_hp with DEST/lib/libfuse3.so.4 (found through the binary's
 # $ORIGIN/../lib). Needs a C and C++ compiler (Debian: build-essential). bench/gpu.sh uses
 # .offline-kit/fuse317 when it is there; pass S4FS_PASSTHROUGH_HP to train_loop.py
@@ -17,8 +17,8 @@ set -euo pipefail
 dest=${1:?usage: bash bench/build_fuse_c_floor.sh DEST}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=bench/_libfuse_source.sh
-source "$(dirname "${BASH_SOURCE[0]}")/_libfuse_source.sh"
+# shellcheck source=mount/binding/libfuse_source.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../mount/binding/libfuse_source.sh"
 libfuse_source "$work"
 cd "$work/fuse-$libfuse_version"
 "$work/venv/bin/meson" setup build -Dexamples=true -Dutils=false -Dtests=false \

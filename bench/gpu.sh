@@ -37,7 +37,7 @@
 # an offline kit in .offline-kit/ (the GPU machine has no network: wheels of trio,
 # zstandard, xxhash, Cython, pyfuse3's source, libfuse3, nvCOMP, and a setup.sh that
 # installs them; fuse317/ from bench/build_fuse_c_floor.sh and
-# bench/build_pyfuse3_passthrough.sh) and, for codec and ingest, the MiniLM weights subset in
+# mount/binding/build_pyfuse3.sh) and, for codec and ingest, the MiniLM weights subset in
 # .gpubench/minilm-subset.safetensors (without it the codec bench falls back to
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
@@ -75,7 +75,7 @@ run 60 python3 -c "import s4fs.codec as c, s4fs.codec._planes as p; print('gpu',
 W=$R/.gpubench/minilm-subset.safetensors
 [ -f "$W" ] || echo "# no $W: the codec bench uses synthetic weights" >>"$LOG"
 # pyfuse3 patched for FUSE passthrough, built here from the kit
-# (bench/build_pyfuse3_passthrough.sh .offline-kit/fuse317 made it): the passthrough modes
+# (mount/binding/build_pyfuse3.sh .offline-kit/fuse317 made it): the passthrough modes
 patched_pyfuse3() {
     local P=$R/.offline-kit/fuse317 PK
     if [ -z "${S4FS_PYFUSE3_PASSTHROUGH:-}" ] && [ -f "$P/pyfuse3-3.5.0-passthrough.tar.gz" ]; then

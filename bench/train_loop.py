@@ -24,7 +24,7 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   ``fuse-floor-kc+sync``: the same with the kernel's FUSE writeback cache on (writes land
   in the page cache and reach the daemon in the background, before ``close()`` returns);
   ``fuse-floor-pt``, ``fuse-floor-pt+sync``: the same pyfuse3 daemon with the kernel's FUSE
-  passthrough (pyfuse3 patched for it: ``bash bench/build_pyfuse3_passthrough.sh DEST``,
+  passthrough (pyfuse3 patched for it: ``bash mount/binding/build_pyfuse3.sh DEST``,
   then ``S4FS_PYFUSE3_PASSTHROUGH=DEST/site``; the modes are left out without it);
   ``mount-pt``, ``mount-wb-pt`` (and their ``-cuda`` variants): the mount with
   ``--passthrough``, default mode and ``--writeback`` (the same pyfuse3);
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
         skipped = [m for m in modes if m.startswith("fuse-floor-pt") or "-pt" in m]
         modes = [m for m in modes if m not in skipped]
         if skipped:
-            print(f"# no S4FS_PYFUSE3_PASSTHROUGH (bench/build_pyfuse3_passthrough.sh): "
+            print(f"# no S4FS_PYFUSE3_PASSTHROUGH (mount/binding/build_pyfuse3.sh): "
                   f"{', '.join(skipped)} left out")
     if device != "cuda":
         skipped = [m for m in modes if m.endswith("-cuda")]

@@ -228,7 +228,7 @@ def passthrough_problem() -> str | None:
     open."""
     import pyfuse3
     if not hasattr(pyfuse3, "get_session_fd"):
-        return ("needs pyfuse3 built with FUSE passthrough (`make passthrough`, "
+        return ("needs pyfuse3 built with FUSE passthrough (`s4fs build-passthrough`, "
                 "docs/OPERATING.md); this pyfuse3 cannot hand the kernel a backing file")
     if os.geteuid() != 0:
         return ("needs root (the kernel registers backing files only for CAP_SYS_ADMIN)")

@@ -273,6 +273,15 @@ def cmd_umount(args) -> int:
     return 0
 
 
+def cmd_build_passthrough(args) -> int:
+    from s4fs.mount._binding import build_passthrough
+    wheel = build_passthrough(args.dest, python=args.python or sys.executable,
+                              install=not args.no_install)
+    if args.no_install:
+        print(wheel)
+    return 0
+
+
 def cmd_init(args) -> int:
     from s4fs.api import filesystem
     filesystem(args.store)
@@ -477,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="insist on FUSE passthrough: the kernel writes a file being saved "
                         "straight into its spool, and reads a file kept whole on local "
                         "disk straight from it (Linux >= 6.9, root, and pyfuse3 built with "
-                        "it — `make passthrough`, docs/OPERATING.md). Default: used where "
+                        "it — `s4fs build-passthrough`, docs/OPERATING.md). Default: used where "
                         "all three are there, else FUSE requests (the log says why)")
     m.add_argument("--no-passthrough", dest="passthrough", action="store_const", const="off",
                    help="never use FUSE passthrough: every read and write is a FUSE request")
@@ -543,6 +552,20 @@ def build_parser() -> argparse.ArgumentParser:
     st_.add_argument("mountpoint")
     st_.add_argument("--json", action="store_true")
     st_.set_defaults(fn=cmd_status)
+    bp = sub.add_parser("build-passthrough",
+                        help="build pyfuse3 with FUSE passthrough (libfuse 3.17.2 and a "
+                             "patched pyfuse3 3.5.0) and install it for this Python, so "
+                             "mounts take the fast path where the kernel has it; needs "
+                             "curl, patch, a C compiler, pkg-config, Python's headers and "
+                             "the network (docs/OPERATING.md)")
+    bp.add_argument("--dest", help="where the build goes; keep it, the binding links to its "
+                                   "libfuse (default: PREFIX/share/s4fs/pyfuse3-passthrough "
+                                   "of the Python it is for)")
+    bp.add_argument("--python", help="the Python to build and install it for (default: "
+                                     "the one running this command)")
+    bp.add_argument("--no-install", action="store_true",
+                    help="build (or reuse) the wheel only, and print its path")
+    bp.set_defaults(fn=cmd_build_passthrough)
     g = sub.add_parser("gc", help="free packs no file references")
     g.add_argument("store")
     g.add_argument("--dry-run", action="store_true")

@@ -15,9 +15,9 @@ def test_it_says_passthrough_when_the_mount_goes_through_it():
 
 def test_it_says_requests_and_why_passthrough_was_off():
     status = {"transport": "FUSE requests (FUSE passthrough off: it needs pyfuse3 built "
-                           "with FUSE passthrough (`make passthrough`))"}
+                           "with FUSE passthrough (`s4fs build-passthrough`))"}
     said = _transport(status)
-    assert said.startswith("FUSE requests:") and "make passthrough" in said
+    assert said.startswith("FUSE requests:") and "s4fs build-passthrough" in said
 
 
 def test_it_says_requests_when_the_mount_does_not_say():

@@ -288,7 +288,9 @@ def test_install_script_refuses_bad_input(tmp_path, fake_s4fs):
     assert not (root / "etc/s4fs/config.toml").exists()
 
 
-SCRIPTS = [DEPLOY / "install.sh", DEPLOY / "image/build.sh", DEPLOY / "image/gate.sh"]
+BINDING = REPO / "mount" / "binding"      # shipped: s4fs build-passthrough runs it
+SCRIPTS = [DEPLOY / "install.sh", DEPLOY / "image/build.sh", DEPLOY / "image/gate.sh",
+           BINDING / "build_pyfuse3.sh", BINDING / "libfuse_source.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -490,7 +490,8 @@ def test_without_the_binding_the_default_mount_says_why_it_uses_requests(mount_f
     log says what passthrough would need."""
     import pyfuse3
     if hasattr(pyfuse3, "get_session_fd"):
-        pytest.skip("this environment's own pyfuse3 has passthrough (`make passthrough`)")
+        pytest.skip("this environment's own pyfuse3 has passthrough "
+                    "(`s4fs build-passthrough`)")
     if TRANSPORT == "passthrough":
         pytest.skip("this run's mounts use the pyfuse3 built with passthrough "
                     "(S4FS_TEST_TRANSPORT); the request-path run covers this")
@@ -499,7 +500,9 @@ def test_without_the_binding_the_default_mount_says_why_it_uses_requests(mount_f
     with open(os.path.join(m.path, "c.bin"), "wb") as f:
         f.write(raw)
     assert open(os.path.join(m.path, "c.bin"), "rb").read() == raw
-    assert "FUSE passthrough off: it needs pyfuse3 built with FUSE passthrough" in log_of(m)
+    said = log_of(m)
+    assert "FUSE passthrough off: it needs pyfuse3 built with FUSE passthrough" in said
+    assert "`s4fs build-passthrough`" in said          # what to run to get it
     assert not passed_through(m, "c.bin")
 
 

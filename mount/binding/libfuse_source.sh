@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by bench/build_fuse_c_floor.sh and bench/build_pyfuse3_passthrough.sh: fetch
+# Sourced by mount/binding/build_pyfuse3.sh and bench/build_fuse_c_floor.sh: fetch
 # Debian's fuse3 3.17.2 source (checked against its SHA-256) into $1, unpacked as
 # $1/fuse-3.17.2, and a throw-away venv $1/venv with meson and ninja from PyPI.
 libfuse_version=3.17.2
