@@ -57,6 +57,17 @@ def reusable(dest: str, python: str) -> str | None:
     return wheels[0] if len(wheels) == 1 else None
 
 
+def kernel_lacks_passthrough(release: str | None = None) -> bool:
+    """Whether this kernel (``uname -r``) is older than Linux 6.9, the first with FUSE
+    passthrough (the build still works: the binding waits for a newer kernel)."""
+    release = release or os.uname().release
+    try:
+        major, minor = (int(x) for x in release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False                   # a release string we cannot read: let the mount say
+    return (major, minor) < (6, 9)
+
+
 def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
 
@@ -94,4 +105,8 @@ def build_passthrough(dest: str | None = None, *, python: str = sys.executable,
         log(f"s4fs: installed pyfuse3 with FUSE passthrough for {python}; `s4fs mount` "
             f"uses it where the kernel has it (Linux >= 6.9, run as root). Keep {dest}: "
             f"the binding links to the libfuse there")
+        if kernel_lacks_passthrough():
+            log(f"s4fs: note: this kernel ({os.uname().release}) is older than 6.9 and has "
+                f"no FUSE passthrough: mounts here keep using FUSE requests until it is "
+                f"upgraded")
     return wheel

@@ -80,3 +80,10 @@ def test_a_finished_build_is_reused_and_installed_for_the_python_asked(tmp_path)
     assert probe.returncode == 0, probe.stderr
     where, has = probe.stdout.split()
     assert where.startswith(str(venv)) and has == "True"
+
+
+def test_the_kernel_check_knows_which_releases_have_passthrough():
+    lacks = _binding.kernel_lacks_passthrough
+    assert lacks("5.15.0-1051-aws") and lacks("6.8.0-45-generic") and lacks("6.1.0-18-amd64")
+    assert not lacks("6.9.0") and not lacks("6.18.3-arch1") and not lacks("7.0.1")
+    assert not lacks("weird")          # unreadable: the mount says what it finds
