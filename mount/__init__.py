@@ -5,8 +5,9 @@ errno in exactly one place (:func:`_fuse_errors`). Imports pyfuse3 and trio, so 
 imported only by the mount daemon.
 """
 
+from ._binding import build_passthrough
 from ._daemon import (mount_foreground, prepare_mountpoint, require_passthrough, run_daemon,
                       unmount)
 
-__all__ = ["mount_foreground", "prepare_mountpoint", "require_passthrough", "run_daemon",
-           "unmount"]
+__all__ = ["build_passthrough", "mount_foreground", "prepare_mountpoint",
+           "require_passthrough", "run_daemon", "unmount"]

@@ -274,7 +274,7 @@ def cmd_umount(args) -> int:
 
 
 def cmd_build_passthrough(args) -> int:
-    from s4fs.mount._binding import build_passthrough
+    from s4fs.mount import build_passthrough
     wheel = build_passthrough(args.dest, python=args.python or sys.executable,
                               install=not args.no_install)
     if args.no_install:
