@@ -34,10 +34,15 @@ def data(seed: str, n: int) -> bytes:
     return bytes(out[:n])
 
 
-@pytest.fixture(params=["default", "writeback"])
+# --writeback codes after close() by default; "writeback-follow" keeps its other way
+# (--code-while-written: the spool followed as the kernel writes it) under these tests
+PT_MODES = {"default": [], "writeback": ["--writeback"],
+            "writeback-follow": ["--writeback", "--code-while-written"]}
+
+
+@pytest.fixture(params=list(PT_MODES))
 def pt_mount(request, pt_site, mount_factory):
-    mode = ["--writeback"] if request.param == "writeback" else []
-    return mount_factory(extra=[*mode, "--passthrough", "-v"])
+    return mount_factory(extra=[*PT_MODES[request.param], "--passthrough", "-v"])
 
 
 @pytest.fixture
