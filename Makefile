@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 deps: apt $(STAMP)
 
 $(PT)/.built: $(STAMP) mount/binding/build_pyfuse3.sh mount/binding/pyfuse3-passthrough.patch mount/binding/libfuse_source.sh
-	PYTHON=$(BIN)/python bash mount/binding/build_pyfuse3.sh $(PT)
+	$(BIN)/s4fs build-passthrough --dest $(abspath $(PT)) --no-install
 	touch $@
 
 # `mount --passthrough` needs it in the venv (it links libfuse 3.17.2 from $(PT)/libfuse)

@@ -5,12 +5,14 @@ Stock pyfuse3 (3.5) cannot hand the kernel a backing file. ``binding/build_pyfus
 (shipped with the package, the same script ``make passthrough`` runs) builds libfuse
 3.17.2 into a folder that must stay (the binding links to it), applies
 ``binding/pyfuse3-passthrough.patch`` to pyfuse3 3.5.0 and leaves a wheel there; this
-module checks for the tools first, reuses a build of the same inputs for the same Python,
-and installs the wheel with that Python's pip. Nothing here imports pyfuse3.
+module checks for the tools first, reuses a build of the same inputs for the same Python
+(``DEST/built-for``, written once the script succeeded), and installs the wheel with
+that Python's pip. Nothing here imports pyfuse3.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -25,20 +27,18 @@ INPUTS = ("build_pyfuse3.sh", "libfuse_source.sh", "pyfuse3-passthrough.patch")
 TOOLS = ("bash", "curl", "patch", "pkg-config", "cc", "tar", "sha256sum")
 
 
-def default_dest(python: str = sys.executable) -> str:
-    """Where a build for ``python`` goes by default: beside its environment
-    (``PREFIX/share/s4fs/pyfuse3-passthrough``), removed with it."""
-    prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    return os.path.join(prefix, "share", "s4fs", "pyfuse3-passthrough")
+def _python(python: str) -> tuple[str, str]:
+    """``(sys.prefix, "python X.Y")`` of the interpreter ``python``."""
+    out = subprocess.run([python, "-c", "import sys; print(sys.prefix); "
+                          "print('python %d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    return out[0], out[1]
 
 
-def built_for(python: str) -> str:
-    """What ``DEST/built-for`` holds after a build of these inputs for ``python``."""
-    ver = subprocess.run([python, "-c",
-                          "import sys; print('python %d.%d' % sys.version_info[:2])"],
-                         capture_output=True, text=True, check=True).stdout
-    lines = [ver.strip()]
+def built_for(version: str) -> str:
+    """What ``DEST/built-for`` holds once a build of these inputs for ``version`` (a
+    Python's "python X.Y": its wheel's tag) is whole."""
+    lines = [version]
     for name in INPUTS:
         with open(os.path.join(BINDING, name), "rb") as f:
             lines.append(f"{hashlib.sha256(f.read()).hexdigest()}  {name}")
@@ -47,9 +47,14 @@ def built_for(python: str) -> str:
 
 def reusable(dest: str, python: str) -> str | None:
     """The wheel of a whole build in ``dest`` of these inputs for ``python``, or None."""
+    return _wheel_if(dest, built_for(_python(python)[1]))
+
+
+def _wheel_if(dest: str, stamp: str) -> str | None:
+    """The wheel of a whole build in ``dest`` whose ``built-for`` is ``stamp``, or None."""
     try:
         with open(os.path.join(dest, "built-for")) as f:
-            if f.read() != built_for(python):
+            if f.read() != stamp:
                 return None
     except OSError:
         return None
@@ -76,8 +81,12 @@ def build_passthrough(dest: str | None = None, *, python: str = sys.executable,
                       install: bool = True, log=print) -> str:
     """Build (or reuse) the wheel for ``python`` in ``dest`` and, with ``install``,
     install it into ``python``'s environment; returns the wheel's path."""
-    dest = os.path.abspath(dest or default_dest(python))
-    wheel = reusable(dest, python)
+    prefix, version = _python(python)
+    # by default beside that Python's environment, removed with it
+    dest = os.path.abspath(dest or os.path.join(prefix, "share", "s4fs",
+                                                "pyfuse3-passthrough"))
+    stamp = built_for(version)
+    wheel = _wheel_if(dest, stamp)
     if wheel is not None:
         log(f"s4fs: reusing the build in {dest} (same inputs, same Python)")
     else:
@@ -89,13 +98,18 @@ def build_passthrough(dest: str | None = None, *, python: str = sys.executable,
                 f"was changed")
         log(f"s4fs: building libfuse 3.17.2 and pyfuse3 3.5.0 with FUSE passthrough in "
             f"{dest} (a few minutes; needs the network: Debian's fuse3 source, PyPI)")
+        with contextlib.suppress(FileNotFoundError):     # a build not whole is not reused
+            os.unlink(os.path.join(dest, "built-for"))
         env = dict(os.environ, PYTHON=python)
         res = subprocess.run(["bash", os.path.join(BINDING, "build_pyfuse3.sh"), dest],
                              env=env)
-        wheel = reusable(dest, python) if res.returncode == 0 else None
-        if wheel is None:
+        wheels = glob.glob(os.path.join(dest, "wheel", "pyfuse3-*.whl"))
+        if res.returncode or len(wheels) != 1:
             raise S4Error(f"the build in {dest} failed (its output is above); the "
                           f"installed pyfuse3 is unchanged")
+        with open(os.path.join(dest, "built-for"), "w") as f:   # the build is whole
+            f.write(stamp)
+        wheel = wheels[0]
     if install:
         res = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps",
                               "--force-reinstall", wheel])

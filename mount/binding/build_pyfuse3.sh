@@ -18,14 +18,12 @@
 # installed in DEST/site (PYTHONPATH=DEST/site: what the tests and the bench use). It also
 # leaves the patched source as DEST/pyfuse3-3.5.0-passthrough.tar.gz, for a machine
 # without internet (bench/gpu.sh builds it there with the offline kit's Cython).
-# DEST/built-for names the Python and the inputs it was built from (s4fs build-passthrough
-# reuses a build that matches). Needs curl, patch, a C compiler, pkg-config and Python's
+# Needs curl, patch, a C compiler, pkg-config and Python's
 # headers (Debian: curl patch gcc pkg-config python3-dev).
 set -euo pipefail
 dest=$(mkdir -p "${1:?usage: bash mount/binding/build_pyfuse3.sh DEST}" && cd "$1" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 python=${PYTHON:-python3}
-rm -f "$dest/built-for"                           # written last, once the build is whole
 pyfuse3_sha=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -53,8 +51,3 @@ SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 \
 "$python" -m pip install -q --no-deps --target "$dest/site" "$dest"/wheel/pyfuse3-*.whl
 PYTHONPATH="$dest/site" "$python" -c \
     "import pyfuse3; assert hasattr(pyfuse3, 'get_session_fd'); print('built', pyfuse3.__file__)"
-# shellcheck disable=SC2016   # the Python code is for $python, not the shell
-"$python" -c 'import sys; print("python %d.%d" % sys.version_info[:2])' >"$dest/built-for.new"
-(cd "$here" && sha256sum build_pyfuse3.sh libfuse_source.sh pyfuse3-passthrough.patch) \
-    >>"$dest/built-for.new"
-mv "$dest/built-for.new" "$dest/built-for"
