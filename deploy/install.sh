@@ -4,7 +4,7 @@
 #
 #   deploy/install.sh [--store URL] [--mountpoint DIR] [--product-code CODE]
 #                     [--public-key-version N] [--s4fs-bin PATH] [--mount-unit]
-#                     [--force-config] [--start] [--root DIR]
+#                     [--passthrough] [--force-config] [--start] [--root DIR]
 #
 # --s4fs-bin defaults to /opt/s4fs/bin/s4fs (the image's venv), else `command -v s4fs`.
 #
@@ -16,7 +16,11 @@
 # * links /usr/local/bin/s4fs and /sbin/mount.fuse.s4fs to the installed commands;
 # * installs s4fs-runner.service (and, with --mount-unit, the mount unit for the
 #   mountpoint, with the runner set to manage_mount = false), reloads systemd and
-#   enables the runner; --start also starts it.
+#   enables the runner; --start also starts it;
+# * with --passthrough, the drop-in s4fs-runner.service.d/passthrough.conf: the runner
+#   and its mount daemon get CAP_SYS_ADMIN, which the kernel asks of a FUSE mount that
+#   registers backing files (FUSE passthrough: kernel >= 6.9, pyfuse3 built by
+#   `s4fs build-passthrough`). Without it the runner's mount goes through FUSE requests.
 #
 # --root DIR installs into DIR instead of / (for images and tests): nothing is started,
 # the user is added to DIR/etc/passwd and --s4fs-bin is a path inside DIR. Running it
@@ -33,6 +37,7 @@ product_code=""
 public_key_version="1"
 s4fs_bin=""
 mount_unit=0
+passthrough=0
 force_config=0
 start=0
 
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
         --public-key-version) public_key_version="${2:?}"; shift 2 ;;
         --s4fs-bin) s4fs_bin="${2:?--s4fs-bin needs a path}"; shift 2 ;;
         --mount-unit) mount_unit=1; shift ;;
+        --passthrough) passthrough=1; shift ;;
         --force-config) force_config=1; shift ;;
         --start) start=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -168,6 +174,14 @@ fi
 # --- units ----------------------------------------------------------------------------
 install -m 0644 "$repo/systemd/s4fs-runner.service" "$root/etc/systemd/system/s4fs-runner.service"
 units=(s4fs-runner.service)
+dropin="$root/etc/systemd/system/s4fs-runner.service.d/passthrough.conf"
+if [ "$passthrough" = 1 ]; then
+    install -d -m 0755 "$(dirname "$dropin")"
+    install -m 0644 "$repo/systemd/s4fs-runner.service.d/passthrough.conf" "$dropin"
+    say "installed s4fs-runner.service.d/passthrough.conf (the runner's mount may use FUSE passthrough: CAP_SYS_ADMIN)"
+elif [ -e "$dropin" ]; then
+    say "keeping ${dropin#"$root"} from an earlier --passthrough (remove it to turn passthrough off)"
+fi
 if [ "$mount_unit" = 1 ]; then
     if command -v systemd-escape >/dev/null; then
         unit="$(systemd-escape --path --suffix=mount "$mountpoint")"

@@ -230,9 +230,26 @@ def passthrough_problem() -> str | None:
     if not hasattr(pyfuse3, "get_session_fd"):
         return ("needs pyfuse3 built with FUSE passthrough (`s4fs build-passthrough`, "
                 "docs/OPERATING.md); this pyfuse3 cannot hand the kernel a backing file")
-    if os.geteuid() != 0:
-        return ("needs root (the kernel registers backing files only for CAP_SYS_ADMIN)")
+    if not has_sys_admin():
+        return ("needs CAP_SYS_ADMIN (the kernel registers backing files only for it): run "
+                "the mount as root, or grant the service the capability (docs/OPERATING.md)")
     return None
+
+
+CAP_SYS_ADMIN = 21           # linux/capability.h
+
+
+def has_sys_admin(status: str = "/proc/self/status") -> bool:
+    """Whether this process holds CAP_SYS_ADMIN now (root does; so does a service user
+    given it as an ambient capability, the way s4fs-runner's passthrough drop-in does)."""
+    try:
+        with open(status) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
 
 
 def require_passthrough() -> None:

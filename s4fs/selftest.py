@@ -10,6 +10,14 @@ Paths checked (a dash where the device does not apply):
 * ``cpu→gpu``       CPU encode → GPU decode
 * ``portable→cpu``  GPU encode with the portable profile → CPU decode
 
+With ``--mount`` it then checks a real mount (``run_mount``): files of every float
+dtype's adversarial sets (as safetensors), their next versions (saved as deltas), random
+bytes and, where torch is installed, a ``torch.save`` of a state dict, written through a
+mount of a temporary local store, read back at once and, after a remount with an empty
+cache, from the store, every byte compared; it prints how the mount moved them (FUSE
+passthrough, or FUSE requests and why). ``--require-passthrough`` fails where
+passthrough was not used.
+
 This is the image build gate of the deployment: it must pass on the GPU image.
 """
 
@@ -97,29 +105,240 @@ def _table(cases, paths, results, out) -> None:
             ok, note = results[p][i]
             cells.append(("ok " + note) if ok else ("FAIL " + note[:60]))
         rows.append([label, dt, str(len(data))] + cells)
-    widths = [max(len(r[k]) for r in rows + [head]) for k in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-    print(line(head), file=out)
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)
-    for r in rows:
-        print(line(r), file=out)
+    _print_table(head, rows, out)
     for p in paths:
         for i, (ok, note) in enumerate(results[p]):
             if not ok:
                 print(f"FAIL {p} {cases[i][0]}: {note}", file=out)
 
 
+def _print_table(head: list[str], rows: list[list[str]], out) -> None:
+    """A Markdown table, its columns as wide as their widest cell."""
+    widths = [max(len(r[k]) for r in rows + [head]) for k in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    print(line(head), file=out)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)
+    for r in rows:
+        print(line(r), file=out)
+
+
+# --- a real mount: s4fs selftest --mount ------------------------------------------------
+
+MOUNT_SAFETENSORS = {"float32": "F32", "float64": "F64", "float16": "F16",
+                     "bfloat16": "BF16"}
+
+
+def _safetensors(cases) -> bytes:
+    """A safetensors file of the float data sets, one tensor each (its header in order)."""
+    import json
+    header, blobs, at = {}, [], 0
+    for i, (name, dt, data) in enumerate(cases):
+        n = len(data) // _ITEM[dt]
+        header[f"t{i:02d}"] = {"dtype": MOUNT_SAFETENSORS[dt], "shape": [n],
+                               "data_offsets": [at, at + n * _ITEM[dt]]}
+        blobs.append(data[:n * _ITEM[dt]])
+        at += n * _ITEM[dt]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+
+_ITEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+
+
+def _mount_files(mib: int) -> list[tuple[str, list[bytes]]]:
+    """What the mount check writes: each file's versions, in order. The float sets as
+    safetensors, then again with every tensor nudged (saved as a delta against the
+    first), random bytes (stored as they are) rewritten in the middle, and, where torch
+    is installed, a torch.save'd state dict of two versions."""
+    import io
+
+    import numpy as np
+
+    from s4fs.testing import adversarial as A
+    n = max(1, mib) << 20
+    floats = [(name, dt, data) for name, dt, data in A.all_cases(n_random=n // 16)
+              if dt in _ITEM]
+    first = _safetensors(floats)
+    rng = np.random.default_rng(1)
+    nudged = []
+    for name, dt, data in floats:
+        words = np.frombuffer(data[:len(data) // _ITEM[dt] * _ITEM[dt]],
+                              dtype=f"u{_ITEM[dt]}").copy()
+        flip = rng.random(len(words)) < 0.3           # a training step's sparse changes
+        words[flip] ^= 1
+        nudged.append((name, dt, words.tobytes()))
+    noise = rng.bytes(n // 4)
+    files = [("tensors.safetensors", [first, _safetensors(nudged)]),
+             ("random.bin", [noise, noise[:len(noise) // 3] + rng.bytes(4096) +
+                             noise[len(noise) // 3 + 4096:]])]
+    try:
+        import torch
+    except ImportError:
+        return files
+    g = torch.Generator().manual_seed(2)
+    sd = {f"layer{i}.weight": torch.randn(256, 256, generator=g) * 0.02 for i in range(8)}
+    sd["step"] = 1
+    versions = []
+    for step in (1, 2):
+        sd = {k: (v + torch.randn(v.shape, generator=g) * 1e-4 if torch.is_tensor(v) else
+                  step) for k, v in sd.items()}
+        sd["half"] = sd["layer0.weight"].to(torch.bfloat16)
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        versions.append(buf.getvalue())
+    return files + [("state.pt", versions)]
+
+
+def _digest(path: str) -> tuple[str, float]:
+    import hashlib
+    t0 = time.perf_counter()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest(), time.perf_counter() - t0
+
+
+def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | None = None,
+              mount_args=(), out=None) -> int:
+    """Mount a local store in a temporary folder (``s4fs mount`` with ``mount_args``),
+    write every file of :func:`_mount_files` through it version after version,
+    read each back at once (the bytes just written), then after a remount with an empty
+    cache (every byte decoded from the store), and compare every byte; print how the mount
+    moved the bytes. 0: all came back exactly (and through FUSE passthrough, where
+    ``require_passthrough``); 1: a byte differed, or a read failed; 2: the mount could
+    not be had; 3: passthrough was required and not used (the reason printed)."""
+    import hashlib
+    import json
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from s4fs.control import request
+
+    out = out or sys.stdout
+    work = tempfile.mkdtemp(prefix="s4fs-selftest-", dir=workdir)
+    store, mnt, cache = (os.path.join(work, d) for d in ("store", "mnt", "cache"))
+    os.makedirs(mnt)
+    cli = [sys.executable, "-m", "s4fs.cli"]
+    mount = cli + ["mount", store, mnt, "--cache-dir", cache, *mount_args]
+    # the second mount starts with an empty cache: every byte it reads is decoded from
+    # the store
+    remount = [a if a != cache else cache + "-fresh" for a in mount]
+    files = _mount_files(mib)
+    rows, failures, stored, how = [], [], {}, "FUSE requests"
+
+    def run(cmd, timeout=180) -> str | None:
+        """``cmd`` (the CLI); None, or what it said when it failed."""
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return None if r.returncode == 0 else (r.stderr or r.stdout).strip()
+
+    def check(name, label, data, write) -> None:
+        path = os.path.join(mnt, name)
+        wrote = "–"
+        try:
+            if write:
+                t0 = time.perf_counter()
+                with open(path, "wb") as f:
+                    f.write(data)
+                wrote = f"{time.perf_counter() - t0:.3f}"
+            got, took = _digest(path)
+            ok, read = got == hashlib.sha256(data).hexdigest(), f"{took:.3f}"
+            why = "the bytes read back differ"
+        except OSError as exc:
+            ok, read, why = False, "–", f"{type(exc).__name__}: {exc}"
+        if not ok:
+            failures.append(f"{name} ({label}): {why}")
+        rows.append([name, label, str(len(data)), wrote, read, "ok" if ok else "FAIL"])
+
+    problem = run(mount)
+    if problem:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"selftest --mount: the mount failed: {problem}", file=out)
+        return 2
+    mounted = True
+    try:
+        for name, versions in files:
+            for v, data in enumerate(versions, 1):
+                check(name, f"{v}", data, write=True)
+        try:
+            how = request(mnt, "status", wait=30).get("transport") or how
+        except (S4Error, OSError, RuntimeError) as exc:    # no answer: say so, go on
+            failures.append(f"the mount's status: {exc}")
+        for name, _ in files:
+            st = subprocess.run(cli + ["stat", "--json", os.path.join(mnt, name)],
+                                capture_output=True, text=True, timeout=60)
+            if st.returncode == 0:
+                stored[name] = json.loads(st.stdout)["stored"]
+        problem = run(cli + ["umount", mnt], timeout=300)
+        mounted = problem is not None
+        if problem is None:
+            problem = run(remount)
+            mounted = problem is None
+        if problem is not None:
+            failures.append(f"unmounting and mounting again: {problem}")
+        for name, versions in files if mounted and problem is None else ():
+            check(name, f"{len(versions)}, from the store", versions[-1], write=False)
+    finally:
+        if mounted:
+            run(cli + ["umount", mnt], timeout=300)
+        shutil.rmtree(work, ignore_errors=True)
+    _print_table(["file", "version", "bytes", "write s", "read s", "bytes back"], rows, out)
+    for name, versions in files:
+        if stored.get(name) is not None:
+            print(f"{name}: {len(versions[-1])} bytes, {stored[name]} stored "
+                  f"({100 * stored[name] / max(1, len(versions[-1])):.1f} %)", file=out)
+    print(f"how the bytes went: {how}", file=out)
+    for f in failures:
+        print(f"FAIL {f}", file=out)
+    if failures:
+        print("mount selftest: FAIL", file=out)
+        return 1
+    if require_passthrough and not how.startswith("FUSE passthrough"):
+        print("mount selftest: every byte came back, but not through FUSE passthrough "
+              "(--require-passthrough): see why above", file=out)
+        return 3
+    print("mount selftest: every byte came back exactly: PASS", file=out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="s4fs selftest",
         description="bit-exact compress/restore of every adversarial data set; "
-                    "exits 1 unless all pass, 2 when the device is unavailable")
+                    "exits 1 unless all pass, 2 when the device (or with --mount, the "
+                    "mount) is unavailable, 3 when --require-passthrough is not met")
     from s4fs.codec import DEVICES
     parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--random-size", type=int, default=1_000_000,
                         help="elements in the random data sets (default 1000000)")
+    parser.add_argument("--mount", action="store_true",
+                        help="then mount a local store in a temporary folder (as root, or "
+                             "with fusermount3) and check every byte written through it, "
+                             "read back at once and from the store after a remount; says "
+                             "whether the kernel moved them by FUSE passthrough")
+    parser.add_argument("--require-passthrough", action="store_true",
+                        help="with --mount: fail (exit 3) unless the mount used FUSE "
+                             "passthrough (an image build's check)")
+    parser.add_argument("--mount-mib", type=int, default=16, metavar="MIB",
+                        help="with --mount: about how many MiB each file holds (default 16)")
+    parser.add_argument("--mount-arg", action="append", default=[], metavar="ARG",
+                        help="with --mount: an option for its `s4fs mount`, e.g. "
+                             "--mount-arg=--writeback (repeat for more)")
+    parser.add_argument("--dir", default=None,
+                        help="with --mount: where the temporary store and mountpoint go "
+                             "(default: the system's temporary folder)")
     args = parser.parse_args(argv)
-    return run(args.device, args.random_size)
+    if args.require_passthrough and not args.mount:
+        parser.error("--require-passthrough checks the mount: add --mount")
+    status = run(args.device, args.random_size)
+    if args.mount and status != 2:
+        print(file=sys.stdout)
+        status = run_mount(args.mount_mib, args.require_passthrough, args.dir,
+                           args.mount_arg) or status
+    return status
 
 
 if __name__ == "__main__":

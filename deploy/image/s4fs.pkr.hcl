@@ -1,6 +1,9 @@
-# The s4fs training image: Ubuntu 22.04 + NVIDIA driver + s4fs (gpu, service, s3, fuse)
-# + the systemd units, with a build gate: `s4fs selftest --device cuda` must report every
-# GPU compress -> decompress round trip bit-exact, or the build fails and no image is made.
+# The s4fs training image: Ubuntu 24.04 with its HWE kernel (>= 6.9: FUSE passthrough) +
+# NVIDIA driver + s4fs (gpu, service, s3, fuse) + pyfuse3 built with passthrough
+# (`s4fs build-passthrough`) + the systemd units, with a build gate: `s4fs selftest
+# --device cuda --mount --require-passthrough` must report every GPU compress ->
+# decompress round trip bit-exact and every byte written through a real mount read back
+# exactly, moved by FUSE passthrough, or the build fails and no image is made.
 #
 #   python -m build --wheel              # in the repository: dist/s4fs-*.whl
 #   packer init deploy/image
@@ -41,8 +44,8 @@ variable "s4fs_wheel" {
 
 variable "nvidia_driver" {
   type        = string
-  default     = "550"
-  description = "NVIDIA server driver branch (L4 and L40S need 525 or newer)."
+  default     = "580"
+  description = "NVIDIA server driver branch (L4 and L40S need 525 or newer; build.sh installs Canonical's prebuilt modules for the HWE kernel, which 580 tracks)."
 }
 
 variable "torch_index_url" {
@@ -72,14 +75,14 @@ source "amazon-ebs" "s4fs" {
   subnet_id     = var.subnet_id == "" ? null : var.subnet_id
   ssh_username  = "ubuntu"
   ami_name      = "${var.ami_name_prefix}-${local.stamp}"
-  ami_description = "s4fs lossless checkpoint filesystem runner (Ubuntu 22.04, NVIDIA ${var.nvidia_driver})"
+  ami_description = "s4fs lossless checkpoint filesystem runner (Ubuntu 24.04, HWE kernel, FUSE passthrough, NVIDIA ${var.nvidia_driver})"
   imds_support  = "v2.0"
 
   source_ami_filter {
     owners      = ["099720109477"] # Canonical
     most_recent = true
     filters = {
-      name                = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"
+      name                = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
       root-device-type    = "ebs"
       virtualization-type = "hvm"
       architecture        = "x86_64"
@@ -103,7 +106,7 @@ source "amazon-ebs" "s4fs" {
   tags = {
     Name      = "${var.ami_name_prefix}-${local.stamp}"
     BaseImage = "{{ .SourceAMIName }}"
-    Gate      = "s4fs selftest --device cuda"
+    Gate      = "s4fs selftest --device cuda --mount --require-passthrough"
   }
 }
 
@@ -126,6 +129,11 @@ build {
     sources     = ["${path.root}/../../systemd/s4fs-runner.service", "${path.root}/../../systemd/mnt-s4.mount"]
     destination = "/tmp/s4fs-src/systemd/"
   }
+  # the runner's FUSE passthrough drop-in (install.sh --passthrough): the folder itself
+  provisioner "file" {
+    source      = "${path.root}/../../systemd/s4fs-runner.service.d"
+    destination = "/tmp/s4fs-src/systemd/"
+  }
 
   # packages, the NVIDIA driver, s4fs in /opt/s4fs, the user and units
   provisioner "shell" {
@@ -138,13 +146,14 @@ build {
     ]
   }
 
-  # the new driver needs the reboot before the GPU answers
+  # the new driver and the HWE kernel (FUSE passthrough) need the reboot
   provisioner "shell" {
     inline            = ["sudo systemctl reboot"]
     expect_disconnect = true
   }
 
-  # THE GATE: every GPU round trip bit-exact, or no image
+  # THE GATE: every GPU round trip bit-exact, every byte through a real mount by FUSE
+  # passthrough, or no image
   provisioner "shell" {
     pause_before    = "30s"
     script          = "${path.root}/gate.sh"

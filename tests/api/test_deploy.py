@@ -276,6 +276,35 @@ def test_install_script_mount_unit_for_another_mountpoint(tmp_path, fake_s4fs):
         assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
 
 
+def test_install_script_passthrough_drop_in(tmp_path, fake_s4fs):
+    """--passthrough gives the runner (and its mount daemon) CAP_SYS_ADMIN as an ambient
+    capability, the one thing the kernel asks of a mount that registers backing files;
+    a later run without the option keeps it and says how to turn it off."""
+    _needs_root_tools()
+    root = tmp_path / "target"
+    _seed_root(root)
+    res = _install(root, "--s4fs-bin", fake_s4fs)
+    assert res.returncode == 0, res.stdout + res.stderr
+    dropin = root / "etc/systemd/system/s4fs-runner.service.d/passthrough.conf"
+    assert not dropin.exists()                      # not without the option
+    res = _install(root, "--s4fs-bin", fake_s4fs, "--passthrough")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert dropin.read_text() == (SYSTEMD / "s4fs-runner.service.d/passthrough.conf").read_text()
+    assert stat.S_IMODE(os.stat(dropin).st_mode) == 0o644
+    assert unit_settings(dropin) == {"Service.AmbientCapabilities": ["CAP_SYS_ADMIN"]}
+    # the unit's bounding set already holds it (fusermount3 needs it): the drop-in can work
+    runner = unit_settings(SYSTEMD / "s4fs-runner.service")
+    assert runner["Service.CapabilityBoundingSet"][-1] == "CAP_SYS_ADMIN"
+    res = _install(root, "--s4fs-bin", fake_s4fs)
+    assert res.returncode == 0 and dropin.exists()
+    assert "remove it to turn passthrough off" in res.stdout
+    if shutil.which("systemd-analyze"):
+        shutil.copytree(_system_units(), root / "usr/lib/systemd/system", symlinks=True,
+                        dirs_exist_ok=True)
+        res = verify(root, "s4fs-runner.service")
+        assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
 def test_install_script_refuses_bad_input(tmp_path, fake_s4fs):
     _needs_root_tools()
     root = tmp_path / "target"
@@ -410,14 +439,14 @@ def test_cfn_user_data_writes_a_valid_config_and_starts_the_runner():
 
 # --- image recipe and its gate ---------------------------------------------------------------------
 
-def test_image_recipe_targets_ubuntu_2204_gpu_and_gates_on_selftest():
+def test_image_recipe_targets_ubuntu_2404_hwe_gpu_and_gates_on_selftest():
     text = (DEPLOY / "image/s4fs.pkr.hcl").read_text()
     hcl2 = pytest.importorskip("hcl2", reason="python-hcl2 is not installed (pip install python-hcl2)")
     doc = hcl2.loads(text)
     unq = lambda v: v.strip('"') if isinstance(v, str) else v  # noqa: E731
     src = doc["source"][0]['"amazon-ebs"']['"s4fs"']
     flt = src["source_ami_filter"][0]
-    assert "ubuntu-jammy-22.04" in unq(flt["filters"]["name"])
+    assert "ubuntu-noble-24.04" in unq(flt["filters"]["name"])
     assert unq(flt["owners"][0]) == "099720109477"                  # Canonical
     assert unq(src["metadata_options"][0]["http_tokens"]) == "required"
     provs = doc["build"][0]["provisioner"]
@@ -427,7 +456,18 @@ def test_image_recipe_targets_ubuntu_2204_gpu_and_gates_on_selftest():
     assert re.fullmatch(r"g6e?\.\w+", unq(default_type["default"]))
     build = (DEPLOY / "image/build.sh").read_text()
     assert "[gpu,service,s3,fuse]" in build and "install.sh" in build
-    assert "s4fs selftest --device cuda" in (DEPLOY / "image/gate.sh").read_text()
+    # a kernel with FUSE passthrough (>= 6.9: 24.04's HWE kernel) with its driver's
+    # modules, and the binding that asks for it, built into the image's venv
+    assert "linux-generic-hwe-24.04" in build
+    assert "linux-modules-nvidia-${driver}-server-generic-hwe-24.04" in build
+    assert '"$venv/bin/s4fs" build-passthrough' in build
+    # the runner's own mount takes passthrough too: the drop-in goes into the image
+    assert re.search(r'install\.sh" --s4fs-bin "\$venv/bin/s4fs" --passthrough', build)
+    uploads = [unq(p['"file"'].get("source", "")) for p in provs if '"file"' in p]
+    assert "${path.root}/../../systemd/s4fs-runner.service.d" in uploads
+    assert build.index("[gpu,service,s3,fuse]") < build.index('"$venv/bin/s4fs" build-passthrough')
+    assert "s4fs selftest --device cuda --mount --require-passthrough" in \
+        (DEPLOY / "image/gate.sh").read_text()
 
 
 def _fake_prefix(tmp_path: Path, selftest_status: int) -> dict:
@@ -446,13 +486,15 @@ def _fake_prefix(tmp_path: Path, selftest_status: int) -> dict:
                 PATH=f"{prefix / 'nv'}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
 
-@pytest.mark.parametrize("status", [0, 1, 3])
+@pytest.mark.parametrize("status", [0, 1, 2, 3])
 def test_gate_fails_the_build_unless_selftest_passes(tmp_path, status):
     res = subprocess.run(["bash", str(DEPLOY / "image/gate.sh")], env=_fake_prefix(tmp_path, status),
                          capture_output=True, text=True, timeout=60)
-    assert "selftest selftest --device cuda" in res.stdout
+    assert "selftest selftest --device cuda --mount --require-passthrough" in res.stdout
     if status == 0:
         assert res.returncode == 0 and "gate.sh: passed" in res.stdout, res.stderr
     else:
         assert res.returncode != 0 and "no image will be made" in res.stderr
         assert "gate.sh: passed" not in res.stdout
+    if status == 3:                   # bytes exact, but no passthrough: says what it needs
+        assert "did not use FUSE passthrough" in res.stderr and ">= 6.9" in res.stderr
