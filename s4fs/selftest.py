@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --mount: fail (exit 3) unless the mount used FUSE "
                              "passthrough (an image build's check)")
     parser.add_argument("--mount-mib", type=int, default=16, metavar="MIB",
-                        help="with --mount: about how many MiB each file holds (default 16)")
+                        help="with --mount: MiB of random values in the float sets "
+                             "(a quarter of it as random bytes; default 16)")
     parser.add_argument("--mount-arg", action="append", default=[], metavar="ARG",
                         help="with --mount: an option for its `s4fs mount`, e.g. "
                              "--mount-arg=--writeback (repeat for more)")
