@@ -3,7 +3,7 @@
 # CUDA GPU (the H200 box), and the tests that need that machine.
 #
 # Usage: bash bench/gpu.sh SUITE...    SUITE: tests codec save mount fill ingest delta
-#                                             train-loop multi-gpu
+#                                             train-loop multi-gpu selftest
 #
 #   tests   the GPU tests, then the FUSE trust, writeback and coherence tests
 #           (TESTS_MOUNT=0: the GPU tests alone; TESTS_GPU=0: the FUSE ones)  (600 s)
@@ -31,6 +31,9 @@
 #           local disk, through one --device cuda mount and with s4fs.dcp's
 #           writer; loads back with N and N/2 ranks, bit-exact; MULTI_GIB,
 #           MULTI_ARGS (e.g. "--every 30 --checkpoints 2 --modes local,mount") (560 s)
+#   selftest  the image build's gate, `s4fs selftest --device cuda --mount
+#           --require-passthrough` (the patched pyfuse3 from the kit), then its mount
+#           check again with the mount coding on the GPU (--device cuda)          (300 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -42,7 +45,7 @@
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
 set -u
-suites="tests codec save mount fill ingest delta train-loop multi-gpu"
+suites="tests codec save mount fill ingest delta train-loop multi-gpu selftest"
 usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
@@ -152,6 +155,16 @@ for suite in "$@"; do
         run 560 python3 "$B/multi_gpu.py" --gib "${MULTI_GIB:-2}" --work /tmp \
             --timeout "${MULTI_TIMEOUT:-240}" ${MULTI_ARGS:---every 50 --checkpoints 3}
         ;;
+    selftest)
+        patched_pyfuse3
+        # the CLI's mount daemons take the patched pyfuse3 from PYTHONPATH
+        PYTHONPATH=${S4FS_PYFUSE3_PASSTHROUGH:+$S4FS_PYFUSE3_PASSTHROUGH:}$PYTHONPATH \
+            run 200 python3 -m s4fs.cli selftest --device cuda --mount --require-passthrough
+        PYTHONPATH=${S4FS_PYFUSE3_PASSTHROUGH:+$S4FS_PYFUSE3_PASSTHROUGH:}$PYTHONPATH \
+            run 100 python3 -m s4fs.cli selftest --device cuda --random-size 1000 --mount \
+            --require-passthrough --mount-mib 64 --mount-arg=--device=cuda
+        ;;
     esac
 done
-grep -E "^(===|###|\||#|[0-9]+ (passed|failed)|FAILED|ERROR|gpu )" "$LOG" | tail -"${TAIL:-80}"
+grep -E "^(===|###|\||#|[0-9]+ (passed|failed)|FAILED|ERROR|gpu |mount selftest|how the bytes|[0-9]+/[0-9]+ round trips)" \
+    "$LOG" | tail -"${TAIL:-80}"
