@@ -175,7 +175,9 @@ def mount_probe(mountpoint: str) -> Callable[[], str]:
 
 def commits_probe(mountpoint: str) -> Callable[[], str]:
     """Healthy unless the mount has accepted files whose commit keeps failing
-    (``--writeback``): those are on local disk only until the store takes them."""
+    (``--writeback``): those are on local disk only until the store takes them. Its
+    detail also says how the mount moves bytes (FUSE passthrough, or FUSE requests and
+    why): a mount on the slow path is healthy, and the operator can see it."""
     def probe() -> str:
         from s4fs.control import request
         answer = request(mountpoint, "status", wait=5)
@@ -187,7 +189,8 @@ def commits_probe(mountpoint: str) -> Callable[[], str]:
                 f"{len(failing)} of {len(pending)} pending files cannot be committed (e.g. "
                 f"{first['path']}: {first['error']}); their bytes are kept on local disk "
                 f"and retried — fix the store, then `s4fs sync {mountpoint}`")
-        return f"{len(pending)} files pending commit"
+        how = answer.get("transport")
+        return f"{len(pending)} files pending commit" + (f"; through {how}" if how else "")
     return probe
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from s4fs.mount import _daemon
 
-from mount_helpers import fuse_usable
+from mount_helpers import TRANSPORT, fuse_usable
 
 pytestmark = pytest.mark.fuse
 
@@ -142,3 +142,17 @@ def test_a_service_user_without_it_says_why_requests(open_dir, binding, world_fu
     said = _save_and_status(*_as_service_user(open_dir, []))
     assert "through FUSE requests" in said, said
     assert "needs CAP_SYS_ADMIN" in said and "docs/OPERATING.md" in said
+
+
+def test_the_runners_health_says_which_way_the_bytes_go(mount_factory):
+    """/healthz's commits check (the runner's) names the transport, healthy either way."""
+    from s4fs.service.health import commits_probe
+    m = mount_factory()
+    with open(os.path.join(m.path, "a.bin"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    said = commits_probe(m.path)()
+    assert said.startswith("0 files pending commit; through FUSE ")
+    if TRANSPORT == "passthrough":
+        assert "through FUSE passthrough" in said, said
+    else:
+        assert "through FUSE requests (--no-passthrough)" in said, said
