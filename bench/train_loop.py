@@ -47,7 +47,10 @@ An async mode waits for its previous save before the next one (counted as blocke
 a training script must. Background work left at the end (an async save, a writeback
 mount's commits) is drained after the run and reported as "drain"; stored bytes are what
 the store holds over what ``torch.save`` wrote. Every mode trains the same steps from the
-same state (each starts from a copy), so run times compare.
+same state (each starts from a copy), so run times compare. "Training slowed" is the
+run's time outside its saves minus the same for ``none``: what the saves left behind
+cost the training after them (a local save without sync leaves gigabytes of dirty pages
+for the kernel to write back; a writeback mount codes its commits).
 
     python bench/train_loop.py --gib 1.7 --every 200 --checkpoints 4      # the H200 box
     python bench/train_loop.py --gib 0.05 --every 20 --checkpoints 3 --device cpu   # a CPU box
@@ -307,6 +310,9 @@ def summary(name: str, rounds: list[dict]) -> dict:
             "first": statistics.median(r["blocked"][0] for r in rounds) if saves else 0.0,
             "later": statistics.median(later) if later else 0.0,
             "wall": statistics.median(r["wall"] for r in rounds),
+            # the run's time outside the saves: above none's, the training itself ran
+            # slower (work left behind by the saves: dirty pages written back, commits)
+            "train": statistics.median(r["wall"] - sum(r["blocked"]) for r in rounds),
             "drain": statistics.median(r["drain"] for r in rounds),
             "stored": rounds[-1]["stored"], "rounds": rounds}
 
@@ -404,6 +410,7 @@ def main(argv=None) -> int:
                 print(f"# {name} later x {name}-full, round by round: "
                       + ", ".join(f"{x:.2f}x" for x in each))
     base = results.get("none", {}).get("wall")
+    base_train = results.get("none", {}).get("train")
     ref_sync = results.get("local+sync", {}).get("blocked")
     ref_page = results.get("local", {}).get("blocked")
     logical = size * args.checkpoints
@@ -419,10 +426,12 @@ def main(argv=None) -> int:
             f"{r['blocked'] / ref_page:.2f}x" if ref_page and name != "none" else "-",
             f"{r['wall']:.2f}",
             f"{100 * (r['wall'] - base) / base:+.0f} %" if base and name != "none" else "-",
+            f"{r['train'] - base_train:+.2f}" if base_train and name != "none" else "-",
             f"{r['drain']:.2f}" if r["drain"] > 0.005 else "-",
             f"{100 * r['stored'] / logical:.1f} %" if r["stored"] else "-"])
     print(table(["mode", "blocked s/ckpt (median)", "first", "later", "later x -full",
-                 "x local+sync", "x local", "run s", "over no ckpt", "drain s", "stored"], rows))
+                 "x local+sync", "x local", "run s", "over no ckpt", "training slowed s",
+                 "drain s", "stored"], rows))
     return 0
 
 
