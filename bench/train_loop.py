@@ -32,7 +32,10 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   --code-while-written``, coding while the kernel writes the file (the default codes
   once ``close()`` accepted it);
   ``mount-pt-full`` (``-cuda-full``): ``--passthrough --no-delta``, every checkpoint
-  stored whole — what the delta saves of ``mount-pt`` compare with, save by save. The
+  stored whole — what the delta saves of ``mount-pt`` compare with, save by save;
+  ``mount-pt-ram`` (``-cuda-ram``): ``mount-pt`` with its cache dir on tmpfs
+  (``/dev/shm``): the spool a save leaves as the file's local copy is not written back
+  to disk during the training that follows. The
   modes without ``-pt`` mount with ``--no-passthrough``: the FUSE request path.
 * ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
@@ -86,7 +89,8 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-pt", "mount-wb-pt",
          "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda",
          "mount-pt-full", "mount-pt-cuda-full",
-         "mount-wb-pt-follow", "mount-wb-pt-cuda-follow")
+         "mount-wb-pt-follow", "mount-wb-pt-cuda-follow",
+         "mount-pt-ram", "mount-pt-cuda-ram")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
 
 
@@ -141,6 +145,8 @@ class Mode:
         self.store = os.path.join(self.work, "store")
         self.logical = 0
         self.floor = None
+        self.ram = None
+        self.cache = os.path.join(self.work, "cache")
         if name.startswith("fuse-floor"):
             here = os.path.dirname(os.path.abspath(__file__))
             env = passthrough_pyfuse3_env() if "-pt" in name else None
@@ -167,9 +173,11 @@ class Mode:
                 extra.append("--no-delta")
             if name.endswith("-follow"):  # writeback codes while the kernel writes
                 extra.append("--code-while-written")
-            s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir",
-                     os.path.join(self.work, "cache"), *extra, *(["-v"] if verbose else []),
-                     env=env)
+            if name.endswith("-ram"):     # the cache dir (spools, local copies) on tmpfs
+                self.ram = tempfile.mkdtemp(prefix="s4fs-trainloop-", dir="/dev/shm")
+                self.cache = os.path.join(self.ram, "cache")
+            s4fs_cli("mount", self.store, self.mountpoint, "--cache-dir", self.cache,
+                     *extra, *(["-v"] if verbose else []), env=env)
         elif name == "dcp-async":
             import torch.distributed as dist
             if not dist.is_initialized():
@@ -237,6 +245,11 @@ class Mode:
         elif self.mountpoint:
             s4fs_cli("umount", self.mountpoint, timeout=300)
 
+    def discard(self) -> None:
+        """After close(): what the mode kept outside its work dir (a tmpfs cache)."""
+        if self.ram:
+            shutil.rmtree(self.ram, ignore_errors=True)
+
 
 def _profiler(mode: Mode, folder: str | None):
     """py-spy recording the mount's daemon (and its worker processes) while the mode
@@ -293,10 +306,11 @@ def run(trainer: Trainer, start: dict, name: str, work: str, every: int, n: int,
             except subprocess.TimeoutExpired:
                 spy.kill()
         mode.close()
-        if profile and os.path.exists(os.path.join(mode.work, "cache", "s4fs-mount.log")):
+        if profile and os.path.exists(os.path.join(mode.cache, "s4fs-mount.log")):
             os.makedirs(profile, exist_ok=True)
-            shutil.copy(os.path.join(mode.work, "cache", "s4fs-mount.log"),
+            shutil.copy(os.path.join(mode.cache, "s4fs-mount.log"),
                         os.path.join(profile, f"{name}.daemon.log"))
+        mode.discard()
     return summary(name, [{"blocked": blocked, "wall": wall, "drain": drain,
                            "stored": stored}])
 

@@ -379,15 +379,21 @@ def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0,
     deadline = time.monotonic() + timeout
     import select
     try:
+        code = None
         while time.monotonic() < deadline:
             ready, _, _ = select.select([r], [], [], 0.2)
             if ready:
                 if os.read(r, 1) == b"1":
                     return 0
+                # the pipe closed unready: the child is exiting (not yet reaped)
+                try:
+                    code = child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             if child.poll() is not None:
                 break
-        code = child.poll()
+        code = child.poll() if code is None else code
         if code is None:
             child.terminate()
             print(f"s4fs: mount at {mountpoint} did not become ready in {timeout:.0f}s",

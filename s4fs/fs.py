@@ -113,6 +113,19 @@ class Filesystem:
         # absolute: the writeback journal records spool paths that must survive a restart
         self.cache_dir = os.path.abspath(self.cfg.cache_dir or
                                          tempfile.mkdtemp(prefix=TEMP_CACHE_PREFIX))
+        in_memory = memory_filesystem(self.cache_dir)
+        if in_memory and self.cfg.writeback:
+            if self._own_cache:
+                shutil.rmtree(self.cache_dir, ignore_errors=True)
+            raise InvalidArgument(
+                f"--writeback keeps every file that close() accepted on local disk until "
+                f"the store takes it, and the cache dir {self.cache_dir} is on {in_memory} "
+                f"(memory): a crash or reboot of the machine would lose them. Give "
+                f"--cache-dir a folder on a disk, or mount without --writeback (the default "
+                f"mode is durable in the store at close(), and may keep its cache in memory)")
+        if in_memory:
+            log.info("cache dir %s is on %s: spools and local copies stay in memory (no "
+                     "disk writes for them), up to --cache-size", self.cache_dir, in_memory)
         self._cache_lock = _lock_cache_dir(self.cache_dir)
         self.spool_dir = os.path.join(self.cache_dir, "spool")
         os.makedirs(self.spool_dir, exist_ok=True)
@@ -930,6 +943,29 @@ def _sweep_stale_temp_caches() -> None:
             shutil.rmtree(folder, ignore_errors=True)
         finally:
             os.close(fd)
+
+
+#: statfs(2) f_type of the filesystems that keep files in memory only (linux/magic.h)
+_MEMORY_FS = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
+
+
+def memory_filesystem(path: str) -> str | None:
+    """"tmpfs" or "ramfs" where ``path`` (or, while it does not exist, its nearest
+    existing parent) is on a filesystem that keeps its files in memory only, else None
+    (a disk, or where statfs cannot tell)."""
+    import ctypes
+    import ctypes.util
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    buf = ctypes.create_string_buffer(256)      # struct statfs: f_type first, a word
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        return None
+    f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    return _MEMORY_FS.get(f_type)
 
 
 def _lock_cache_dir(folder: str) -> int:
