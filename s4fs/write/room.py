@@ -9,10 +9,11 @@ and the daemon hears nothing of it. Two things keep the same promise there:
 * :class:`RoomKeeper` — while any save is written behind the daemon's back, a thread
   looks at the cache disk every few milliseconds and has the caches give space back
   before the disk is full (what ``Spool.write`` does after the fact on requests);
-* :func:`disk_full` — at ``close()`` / ``fsync()`` of such a save, one block written to
-  an unnamed file on the same disk: refused means the disk is full now, so one of the
-  save's writes may have failed, and the handle fails the save instead of committing
-  what the spool holds. A write that failed while the caches still held space that the
+* :func:`disk_full` — at ``close()`` / ``fsync()`` of such a save, ``FULL_MARGIN``
+  (1 MiB) allocated in an unnamed file on the same disk: refused means the disk is full
+  now, so one of the save's writes may have failed, and the handle fails the save
+  instead of committing what the spool holds (a save that leaves less than that free
+  fails too: the previous version stays, and the next save would not fit anyway). A write that failed while the caches still held space that the
   keeper gave back before ``close()`` would go unseen; the keeper acts while a gigabyte
   is still free, which the kernel does not fill within one look.
 """
@@ -30,9 +31,17 @@ log = logging.getLogger(__name__)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full(folder: str) -> bool:
-    """Whether the filesystem holding ``folder`` refuses one more block now (what a
-    root-owned writer, like the kernel's passthrough writes, can still get)."""
+#: room for fewer bytes than this counts as a full disk: a write that failed may have
+#: left some free. ext4 refused a 1 MiB write with 419 KiB still free (the clusters it
+#: keeps for its own metadata, and reservations writeback settles later), where one more
+#: block still fitted; with less than this left, a save's write may have failed.
+FULL_MARGIN = 1 << 20
+
+
+def disk_full(folder: str, margin: int = FULL_MARGIN) -> bool:
+    """Whether the filesystem holding ``folder`` has no room for ``margin`` more bytes
+    now (what a root-owned writer, like the kernel's passthrough writes, can still get:
+    the bytes are allocated in an unnamed file, then let go)."""
     try:
         fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o600)
         name = None
@@ -43,14 +52,21 @@ def disk_full(folder: str) -> bool:
             raise
         fd, name = tempfile.mkstemp(dir=folder, prefix=".room-")   # no O_TMPFILE here
     try:
-        block = os.fstatvfs(fd).f_bsize or 4096
         try:
-            os.write(fd, bytes(block))
+            os.posix_fallocate(fd, 0, margin)
+            return False
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                return True
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        # no fallocate on this filesystem: write the bytes (a short write: no room)
+        try:
+            return os.write(fd, bytes(margin)) < margin
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 return True
             raise
-        return False
     finally:
         os.close(fd)
         if name is not None:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from disk_helpers import small_tmpfs, stored_file as store_holds
+from disk_helpers import small_disk as small_real_disk, small_tmpfs, stored_file as store_holds
 from s4fs.coding import IngestConfig
 from s4fs.errors import NoSpace
 from s4fs.fs import Filesystem, FsConfig
@@ -34,7 +34,11 @@ def _pool():
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path, monkeypatch):
+    """A tmpfs of DISK bytes, standing in for a small cache disk: it runs out of room
+    exactly where its size says. s4fs refuses --writeback with its cache in memory, so
+    here it is taken for the disk it stands in for."""
+    monkeypatch.setattr("s4fs.fs.memory_filesystem", lambda path: None)
     with small_tmpfs(tmp_path / "small", DISK) as path:
         yield path
 
@@ -105,13 +109,27 @@ def fill(folder: str) -> str:
     return name
 
 
-def test_disk_full_says_whether_one_more_block_fits(small_disk):
+def test_disk_full_says_whether_a_margin_still_fits(small_disk):
     assert not disk_full(small_disk)
     filler = fill(small_disk)
     assert disk_full(small_disk)
     os.unlink(filler)
     assert not disk_full(small_disk)
     assert os.listdir(small_disk) == []          # the probe leaves nothing behind
+
+
+def test_disk_full_after_a_refused_write_on_ext4(tmp_path):
+    """A real ext4 disk refuses a 1 MiB write while its free count still shows hundreds
+    of KiB (its metadata reserve) and one more block still fits: the probe must call
+    that full, or a save whose write failed there would be committed short."""
+    with small_real_disk(tmp_path / "ext4", 16 * MiB) as disk:
+        name = fill(disk)
+        st = os.statvfs(disk)
+        assert st.f_bavail * st.f_frsize > 0         # what the kernel still counts free
+        assert disk_full(disk)
+        os.unlink(name)
+        assert not disk_full(disk)
+        assert os.listdir(disk) == ["lost+found"]
 
 
 @pytest.mark.parametrize("writeback", [False, True], ids=["default", "writeback"])

@@ -25,6 +25,7 @@ from s4fs.parse import looks_complete
 from s4fs.stores import LocalStore
 from s4fs.stores.faulty import FailingStore
 
+import disk_helpers
 from mount_helpers import FaultProxyProcess, s3_url
 
 def torch_bytes(sd, name="ckpt") -> bytes:
@@ -228,16 +229,9 @@ def test_torch_save_with_a_forked_child_mid_save(mount_factory, extra):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    d = tmp_path / "small"
-    d.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(d)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs: {res.stderr.strip()}")
-    try:
-        yield str(d)
-    finally:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+    """A 16 MiB disk (loop-mounted ext4: the writeback modes refuse a cache in memory)."""
+    with disk_helpers.small_disk(tmp_path / "small", 16 << 20) as path:
+        yield path
 
 
 @pytest.mark.fuse
