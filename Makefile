@@ -9,8 +9,9 @@ LAYER ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck curl patch
-# the tests also open `s4fs report`'s HTML in a real headless browser
-APT_TEST_PACKAGES := chromium
+# the tests also open `s4fs report`'s HTML in a real headless browser, and make a small
+# ext4 disk (mkfs.ext4, a loop mount) for the full-cache-disk tests
+APT_TEST_PACKAGES := chromium e2fsprogs
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test deps apt bench clean passthrough
