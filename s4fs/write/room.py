@@ -13,9 +13,10 @@ and the daemon hears nothing of it. Two things keep the same promise there:
   (1 MiB) allocated in an unnamed file on the same disk: refused means the disk is full
   now, so one of the save's writes may have failed, and the handle fails the save
   instead of committing what the spool holds (a save that leaves less than that free
-  fails too: the previous version stays, and the next save would not fit anyway). A write that failed while the caches still held space that the
-  keeper gave back before ``close()`` would go unseen; the keeper acts while a gigabyte
-  is still free, which the kernel does not fill within one look.
+  fails too: the previous version stays, and the next save would not fit anyway). A
+  write that failed while the caches still held space that the keeper gave back before
+  ``close()`` would go unseen; the keeper acts while a gigabyte is still free, which the
+  kernel does not fill within one look.
 """
 
 from __future__ import annotations
