@@ -281,14 +281,14 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     problem = passthrough_problem() if passthrough == "auto" else None
     if problem:
         log.info("FUSE passthrough off: it %s", problem)
-        ops.info["transport"] = f"FUSE requests (FUSE passthrough off: it {problem})"
+        ops.set_transport(f"FUSE requests (FUSE passthrough off: it {problem})")
     elif passthrough != "off":
         ops.enable_passthrough = True
         ops.passthrough_optional = passthrough == "auto"
-        ops.info["transport"] = ("FUSE passthrough (the kernel writes files being saved "
-                                 "into the local spool and reads local copies itself)")
+        ops.set_transport("FUSE passthrough (the kernel writes files being saved into "
+                          "the local spool and reads local copies itself)")
     else:
-        ops.info["transport"] = "FUSE requests (--no-passthrough)"
+        ops.set_transport("FUSE requests (--no-passthrough)")
     ingest = fs.cfg.ingest
     if ingest.processes:
         # start the coding worker processes before the mount is ready: the first save

@@ -578,6 +578,12 @@ class S4Operations(pyfuse3.Operations):
 
     # --- FUSE passthrough --------------------------------------------------------------
 
+    def set_transport(self, how: str) -> None:
+        """How this mount moves bytes, for ``s4fs status``, /healthz and /metrics:
+        "FUSE passthrough (...)" or "FUSE requests (why)"."""
+        self.info["transport"] = how
+        metrics.set_passthrough(how.startswith("FUSE passthrough"))
+
     def _backing_for(self, inode: int, handle) -> int:
         """A write open of ``inode``, counted as open: the backing id of its spool for
         the kernel, or 0 to stay on write requests (passthrough off, a writer already on
@@ -639,7 +645,7 @@ class S4Operations(pyfuse3.Operations):
                        f"CONFIG_FUSE_PASSTHROUGH, and root")
                 log.warning("FUSE passthrough is not available here (%s); this mount "
                             "reads and writes through FUSE requests", why)
-                self.info["transport"] = f"FUSE requests (FUSE passthrough refused: {why})"
+                self.set_transport(f"FUSE requests (FUSE passthrough refused: {why})")
             else:
                 log.warning("FUSE passthrough refused (%s): %s %s", exc, path, otherwise)
             return 0

@@ -117,6 +117,17 @@ def set_pending(files: int, nbytes: int, failing: int) -> None:
         log.debug("set_pending failed", exc_info=True)
 
 
+def set_passthrough(on: bool) -> None:
+    """How the mount moves bytes now: FUSE passthrough (True) or FUSE requests."""
+    m = _get()
+    if m is None:
+        return
+    try:
+        m.passthrough.set(1 if on else 0)
+    except Exception:
+        log.debug("set_passthrough failed", exc_info=True)
+
+
 def observe_error(kind: str) -> None:
     """Count one error of ``kind`` (a short word such as ``"upload"``, ``"checksum"``)."""
     m = _get()
@@ -221,6 +232,9 @@ _SPEC = [
     ("failing_commits", "gauge", "failing_commits",
      "Pending files whose commit failed at least once (retried)",
      {"multiprocess_mode": "livesum"}),
+    ("passthrough", "gauge", "mount_passthrough",
+     "1 while the mount moves bytes by FUSE passthrough, 0 through FUSE requests",
+     {"multiprocess_mode": "livemax"}),
 ]
 
 

@@ -156,3 +156,22 @@ def test_the_runners_health_says_which_way_the_bytes_go(mount_factory):
         assert "through FUSE passthrough" in said, said
     else:
         assert "through FUSE requests (--no-passthrough)" in said, said
+
+
+def test_metrics_say_whether_the_mount_uses_passthrough(mount_factory, tmp_path,
+                                                        monkeypatch):
+    """s4fs_mount_passthrough: 1 through passthrough, 0 through requests — an alert can
+    catch a mount that fell back to the slow path."""
+    metrics_dir = str(tmp_path / "metrics")
+    os.makedirs(metrics_dir)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", metrics_dir)   # the daemon records here
+    m = mount_factory()
+    with open(os.path.join(m.path, "a.bin"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    code = ("import sys; from s4fs import metrics; metrics.serve_directory(sys.argv[1]); "
+            "sys.stdout.write(metrics.text().decode())")
+    text = subprocess.run([sys.executable, "-c", code, metrics_dir], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+    value = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line.startswith("s4fs_mount_passthrough ")]
+    assert value == [1.0 if TRANSPORT == "passthrough" else 0.0], text
