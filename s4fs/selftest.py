@@ -13,8 +13,9 @@ Paths checked (a dash where the device does not apply):
 With ``--mount`` it then checks a real mount (``run_mount``): files of every float
 dtype's adversarial sets (as safetensors), their next versions (saved as deltas), random
 bytes and, where torch is installed, a ``torch.save`` of a state dict, written through a
-mount of a temporary local store, read back at once and, after a remount with an empty
-cache, from the store, every byte compared; it prints how the mount moved them (FUSE
+mount of a temporary local store (the random bytes once more while a reader holds the
+file), read back at once and, after a remount with an empty cache, from the store, every
+byte compared; it prints how the mount moved them (FUSE
 passthrough, or FUSE requests and why). ``--require-passthrough`` fails where
 passthrough was not used.
 
@@ -204,8 +205,9 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
               mount_args=(), out=None) -> int:
     """Mount a local store in a temporary folder (``s4fs mount`` with ``mount_args``),
     write every file of :func:`_mount_files` through it version after version,
-    read each back at once (the bytes just written), then after a remount with an empty
-    cache (every byte decoded from the store), and compare every byte; print how the mount
+    read each back at once (the bytes just written; one file also overwritten while a
+    reader holds it), then after a remount with an empty cache (every byte decoded from
+    the store), and compare every byte; print how the mount
     moved the bytes. 0: all came back exactly (and through FUSE passthrough, where
     ``require_passthrough``); 1: a byte differed, or a read failed; 2: the mount could
     not be had; 3: passthrough was required and not used (the reason printed)."""
@@ -263,6 +265,18 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
         for name, versions in files:
             for v, data in enumerate(versions, 1):
                 check(name, f"{v}", data, write=True)
+        # a reader holds the file while it is overwritten: every later open must read the
+        # new bytes, never the pages of the version the reader held
+        held, versions = files[1]
+        newer = os.urandom(len(versions[-1]))
+        try:
+            with open(os.path.join(mnt, held), "rb") as reader:
+                reader.read()                      # its pages in the kernel's cache
+                check(held, f"{len(versions) + 1}, over a held reader", newer, write=True)
+        except OSError as exc:
+            failures.append(f"{held} (a held reader): {type(exc).__name__}: {exc}")
+        versions.append(newer)
+        check(held, f"{len(versions)}, the reader gone", newer, write=False)
         try:
             how = request(mnt, "status", wait=30).get("transport") or how
         except (S4Error, OSError, RuntimeError) as exc:    # no answer: say so, go on

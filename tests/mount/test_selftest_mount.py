@@ -41,10 +41,12 @@ def test_every_byte_comes_back_and_the_transport_is_named(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ")
             and line.split("|")[1].strip() in FILES]
-    # two versions written of each file, then each read from the store
-    assert len(rows) == 3 * len(FILES)
+    # two versions written of each file, a third of one over a reader holding it (and
+    # read again once that reader is gone), then each read from the store
+    assert len(rows) == 3 * len(FILES) + 2
     assert all(row.rstrip(" |").endswith("ok") for row in rows), rows
     assert sum("from the store" in row for row in rows) == len(FILES)
+    assert sum("over a held reader" in row or "the reader gone" in row for row in rows) == 2
     want = ("FUSE passthrough" if TRANSPORT == "passthrough"
             else "FUSE requests (--no-passthrough)")
     assert f"how the bytes went: {want}" in r.stdout
