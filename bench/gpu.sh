@@ -158,11 +158,11 @@ for suite in "$@"; do
     selftest)
         patched_pyfuse3
         # the CLI's mount daemons take the patched pyfuse3 from PYTHONPATH
-        PYTHONPATH=${S4FS_PYFUSE3_PASSTHROUGH:+$S4FS_PYFUSE3_PASSTHROUGH:}$PYTHONPATH \
-            run 200 python3 -m s4fs.cli selftest --device cuda --mount --require-passthrough
-        PYTHONPATH=${S4FS_PYFUSE3_PASSTHROUGH:+$S4FS_PYFUSE3_PASSTHROUGH:}$PYTHONPATH \
-            run 100 python3 -m s4fs.cli selftest --device cuda --random-size 1000 --mount \
-            --require-passthrough --mount-mib 64 --mount-arg=--device=cuda
+        pp=${S4FS_PYFUSE3_PASSTHROUGH:+$S4FS_PYFUSE3_PASSTHROUGH:}$PYTHONPATH
+        PYTHONPATH=$pp run 200 python3 -m s4fs.cli selftest --device cuda --mount \
+            --require-passthrough
+        PYTHONPATH=$pp run 100 python3 -m s4fs.cli selftest --device cuda --random-size 1000 \
+            --mount --require-passthrough --mount-mib 64 --mount-arg=--device=cuda
         ;;
     esac
 done

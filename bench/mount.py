@@ -217,7 +217,12 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         env = passthrough_pyfuse3_env()
     else:                                     # the FUSE request path, whatever is installed
         flags.append("--no-passthrough")
-    cli("mount", store, mnt, *flags, env=env)
+    try:
+        cli("mount", store, mnt, *flags, env=env)
+    except BaseException:
+        if ram:
+            shutil.rmtree(ram, ignore_errors=True)
+        raise
     res: dict = {"mode": mode, "save_m": [], "save_l": [], "warm_m": [], "warm_l": []}
     try:
         for i, ck in enumerate(cks):

@@ -582,7 +582,8 @@ class S4Operations(pyfuse3.Operations):
         """How this mount moves bytes, for ``s4fs status``, /healthz and /metrics:
         "FUSE passthrough (...)" or "FUSE requests (why)"."""
         self.info["transport"] = how
-        metrics.set_passthrough(how.startswith("FUSE passthrough"))
+        self.info["passthrough"] = how.startswith("FUSE passthrough")
+        metrics.set_passthrough(self.info["passthrough"])
 
     def _backing_for(self, inode: int, handle) -> int:
         """A write open of ``inode``, counted as open: the backing id of its spool for

@@ -125,26 +125,26 @@ def _print_table(head: list[str], rows: list[list[str]], out) -> None:
 
 # --- a real mount: s4fs selftest --mount ------------------------------------------------
 
-MOUNT_SAFETENSORS = {"float32": "F32", "float64": "F64", "float16": "F16",
-                     "bfloat16": "BF16"}
+#: the float dtypes the mount check writes, by their safetensors names
+_SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16",
+                       "bfloat16": "BF16"}
 
 
 def _safetensors(cases) -> bytes:
-    """A safetensors file of the float data sets, one tensor each (its header in order)."""
+    """A safetensors file of the float data sets (whole elements each), one tensor each
+    (its header in order)."""
     import json
-    header, blobs, at = {}, [], 0
+
+    from s4fs.codec import lookup
+    header, at = {}, 0
     for i, (name, dt, data) in enumerate(cases):
-        n = len(data) // _ITEM[dt]
-        header[f"t{i:02d}"] = {"dtype": MOUNT_SAFETENSORS[dt], "shape": [n],
-                               "data_offsets": [at, at + n * _ITEM[dt]]}
-        blobs.append(data[:n * _ITEM[dt]])
-        at += n * _ITEM[dt]
+        n = len(data) // lookup(dt).itemsize
+        header[f"t{i:02d}"] = {"dtype": _SAFETENSORS_DTYPES[dt], "shape": [n],
+                               "data_offsets": [at, at + len(data)]}
+        at += len(data)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
-
-
-_ITEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+    return len(head).to_bytes(8, "little") + head + b"".join(d for *_, d in cases)
 
 
 def _mount_files(mib: int) -> list[tuple[str, list[bytes]]]:
@@ -156,16 +156,19 @@ def _mount_files(mib: int) -> list[tuple[str, list[bytes]]]:
 
     import numpy as np
 
+    from s4fs.codec import lookup
     from s4fs.testing import adversarial as A
     n = max(1, mib) << 20
-    floats = [(name, dt, data) for name, dt, data in A.all_cases(n_random=n // 16)
-              if dt in _ITEM]
+    floats = []                                    # whole elements of each float set
+    for name, dt, data in A.all_cases(n_random=n // 16):
+        if dt in _SAFETENSORS_DTYPES:
+            size = lookup(dt).itemsize
+            floats.append((name, dt, data[:len(data) // size * size]))
     first = _safetensors(floats)
     rng = np.random.default_rng(1)
     nudged = []
     for name, dt, data in floats:
-        words = np.frombuffer(data[:len(data) // _ITEM[dt] * _ITEM[dt]],
-                              dtype=f"u{_ITEM[dt]}").copy()
+        words = np.frombuffer(data, dtype=f"u{lookup(dt).itemsize}").copy()
         flip = rng.random(len(words)) < 0.3           # a training step's sparse changes
         words[flip] ^= 1
         nudged.append((name, dt, words.tobytes()))
@@ -230,7 +233,7 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
     # the store
     remount = [a if a != cache else cache + "-fresh" for a in mount]
     files = _mount_files(mib)
-    rows, failures, stored, how = [], [], {}, "FUSE requests"
+    rows, failures, stored, status = [], [], {}, {}
 
     def run(cmd, timeout=180) -> str | None:
         """``cmd`` (the CLI); None, or what it said when it failed."""
@@ -278,7 +281,7 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
         versions.append(newer)
         check(held, f"{len(versions)}, the reader gone", newer, write=False)
         try:
-            how = request(mnt, "status", wait=30).get("transport") or how
+            status = request(mnt, "status", wait=30)
         except (S4Error, OSError, RuntimeError) as exc:    # no answer: say so, go on
             failures.append(f"the mount's status: {exc}")
         for name, _ in files:
@@ -304,13 +307,13 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
         if stored.get(name) is not None:
             print(f"{name}: {len(versions[-1])} bytes, {stored[name]} stored "
                   f"({100 * stored[name] / max(1, len(versions[-1])):.1f} %)", file=out)
-    print(f"how the bytes went: {how}", file=out)
+    print(f"how the bytes went: {status.get('transport', 'FUSE requests')}", file=out)
     for f in failures:
         print(f"FAIL {f}", file=out)
     if failures:
         print("mount selftest: FAIL", file=out)
         return 1
-    if require_passthrough and not how.startswith("FUSE passthrough"):
+    if require_passthrough and not status.get("passthrough"):
         print("mount selftest: every byte came back, but not through FUSE passthrough "
               "(--require-passthrough): see why above", file=out)
         return 3

@@ -120,6 +120,21 @@ def _stale(path: str) -> bool:
         return True
 
 
+def scrape(metrics_dir: str) -> str:
+    """/metrics as the runner would serve it for a daemon recording into metrics_dir."""
+    code = ("import sys; from s4fs import metrics; metrics.serve_directory(sys.argv[1]); "
+            "sys.stdout.write(metrics.text().decode())")
+    return subprocess.run([sys.executable, "-c", code, metrics_dir], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+
+
+def gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 @pytest.fixture
 def mount_factory(tmp_path):
     ok, why = fuse_usable()

@@ -17,7 +17,7 @@ import pytest
 
 from s4fs.mount import _daemon
 
-from mount_helpers import TRANSPORT, fuse_usable
+from mount_helpers import TRANSPORT, fuse_usable, gauge, scrape
 
 pytestmark = pytest.mark.fuse
 
@@ -63,10 +63,7 @@ def _as_service_user(tmp_path, caps: list[str]):
     ok, why = fuse_usable()
     if not ok:
         pytest.skip(why)
-    site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
-    env = dict(os.environ, HOME=str(tmp_path))
-    if site:
-        env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
+    env = dict(os.environ, HOME=str(tmp_path))     # PYTHONPATH: pt_site's binding first
     all_caps = ",".join(f"+{c}" for c in [*caps, *HARNESS_CAPS])
     setpriv = ["setpriv", f"--reuid={USER}", f"--regid={GROUP}", "--clear-groups",
                f"--inh-caps={all_caps}", f"--ambient-caps={all_caps}"]
@@ -107,19 +104,7 @@ def _save_and_status(dirs, cli, run_as) -> str:
         subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
-@pytest.fixture
-def binding():
-    """pyfuse3 built with passthrough, for the daemons (make test names it)."""
-    if not os.environ.get("S4FS_PYFUSE3_PASSTHROUGH"):
-        import pyfuse3
-        if not hasattr(pyfuse3, "get_session_fd"):
-            if os.environ.get("CI"):
-                pytest.fail("S4FS_PYFUSE3_PASSTHROUGH names no pyfuse3 built with "
-                            "passthrough (make test builds it)")
-            pytest.skip("no pyfuse3 built with passthrough (run the suite through make test)")
-
-
-def test_a_service_user_with_cap_sys_admin_writes_through_passthrough(open_dir, binding):
+def test_a_service_user_with_cap_sys_admin_writes_through_passthrough(open_dir, pt_site):
     said = _save_and_status(*_as_service_user(open_dir, ["sys_admin"]))
     assert "through FUSE passthrough" in said, said
 
@@ -138,7 +123,7 @@ def world_fuse():
         os.chmod("/dev/fuse", mode)
 
 
-def test_a_service_user_without_it_says_why_requests(open_dir, binding, world_fuse):
+def test_a_service_user_without_it_says_why_requests(open_dir, pt_site, world_fuse):
     said = _save_and_status(*_as_service_user(open_dir, []))
     assert "through FUSE requests" in said, said
     assert "needs CAP_SYS_ADMIN" in said and "docs/OPERATING.md" in said
@@ -168,10 +153,5 @@ def test_metrics_say_whether_the_mount_uses_passthrough(mount_factory, tmp_path,
     m = mount_factory()
     with open(os.path.join(m.path, "a.bin"), "wb") as f:
         f.write(os.urandom(1 << 20))
-    code = ("import sys; from s4fs import metrics; metrics.serve_directory(sys.argv[1]); "
-            "sys.stdout.write(metrics.text().decode())")
-    text = subprocess.run([sys.executable, "-c", code, metrics_dir], capture_output=True,
-                          text=True, check=True, timeout=60).stdout
-    value = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-             if line.startswith("s4fs_mount_passthrough ")]
-    assert value == [1.0 if TRANSPORT == "passthrough" else 0.0], text
+    value = gauge(scrape(metrics_dir), "s4fs_mount_passthrough")
+    assert value == (1.0 if TRANSPORT == "passthrough" else 0.0)

@@ -20,7 +20,7 @@ from s4fs.errors import NotFound
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.stores import LocalStore, open_store
 
-from mount_helpers import FaultProxyProcess, s3_url
+from mount_helpers import FaultProxyProcess, gauge, s3_url, scrape
 
 pytestmark = pytest.mark.fuse
 
@@ -86,21 +86,6 @@ def test_fsync_waits_for_the_commit(mount_factory):
         f.flush()
         os.fsync(f.fileno())
         assert committed(m.store, "f.bin") == payload
-
-
-def scrape(metrics_dir: str) -> str:
-    """/metrics as the runner would serve it for a daemon recording into metrics_dir."""
-    code = ("import sys; from s4fs import metrics; metrics.serve_directory(sys.argv[1]); "
-            "sys.stdout.write(metrics.text().decode())")
-    return subprocess.run([sys.executable, "-c", code, metrics_dir], capture_output=True,
-                          text=True, check=True, timeout=60).stdout
-
-
-def gauge(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 @pytest.mark.s3
