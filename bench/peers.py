@@ -1,6 +1,6 @@
 """s4fs beside the FUSE filesystems users run today, on the same loopback S3 server.
 
-    python bench/peers.py [--gib 0.25] [--repeat 3] [--every 5]
+    python bench/peers.py [--gib 0.25] [--repeat 3] [--every 5] [--link RATE]
                           [--peers s4fs,s4fs-writeback,s3fs,rclone,boto3]
                           [--rclone-cache-mode full|writes] [--op-timeout 600] [--work DIR]
 
@@ -38,6 +38,21 @@ The script installs nothing: a tool that is missing is skipped, with what to ins
 process and mount it starts is bounded (``--op-timeout`` per save or load: past it the
 mount is lazily unmounted and its daemon killed) and torn down in ``finally`` blocks.
 Needs root (FUSE mounts, ``drop_caches``). Timings are printed, never asserted.
+
+``--link RATE`` (``1gbit``, ``10gbit``: tc's units) runs all of it — the server and
+every tool — inside a network namespace made for the run, whose loopback is limited to
+RATE by a token bucket (``tc qdisc add dev lo root tbf``; this kernel has no netem), and
+removes the namespace afterwards. Uploads and downloads share that one limit.
+
+Each run also measures its floors, in the same run, through the same link: the server's
+own rate for one whole object (one PUT, one GET of 128 MiB: what a single stream of
+this server does through this link) and ``torch.save``/``torch.load`` of the checkpoint
+on local disk (page cache dropped before the load). A tool's *load floor* is the bytes
+its fresh-node load must fetch (s4fs: the blobs of the version and of the delta bases it
+decodes through; the others: the file) over min(link rate, the server's GET rate), plus
+the local ``torch.load``; its *save floor*, the bytes it stores for that save over
+min(link, PUT rate) plus the local ``torch.save``. The table prints each beside the
+time measured, and the ratio.
 
 The server is moto, not S3: a Python server sharing the machine's cores with every tool.
 It keeps objects in its memory here (so ``drop_caches`` does not reach the server), but
@@ -185,6 +200,121 @@ class Deadline:
         if self.expired:
             raise PeerError(f"{self.what} took over {self.seconds:.0f} s; mount aborted")
         return False
+
+
+# --- a rate-limited link ------------------------------------------------------------
+
+_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+
+
+def link_bits(rate: str) -> int:
+    """``1gbit`` -> 1_000_000_000 (bits per second, tc's decimal units)."""
+    r = rate.strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if r.endswith(unit) and r[: -len(unit)].replace(".", "", 1).isdigit():
+            return int(float(r[: -len(unit)]) * _UNITS[unit])
+    raise ValueError(f"--link {rate!r}: give a rate as tc writes it (1gbit, 10gbit, "
+                     f"500mbit)")
+
+
+def run_in_link(rate: str, argv: list[str]) -> int:
+    """Run this script again inside a fresh network namespace whose loopback is limited
+    to ``rate`` (a tbf qdisc); the namespace is removed afterwards, whatever happens."""
+    bits = link_bits(rate)
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            print(f"cannot run --link: {tool} not found: apt-get install iproute2",
+                  file=sys.stderr)
+            return 2
+    ns = f"s4fs-bench-{os.getpid()}"
+    run(["ip", "netns", "add", ns])
+    child = None
+    try:
+        inside = ["ip", "netns", "exec", ns]
+        run(inside + ["ip", "link", "set", "lo", "up"])
+        burst = max(bits // 8 // 100, 256 << 10)          # 10 ms of the rate
+        run(inside + ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+                      "burst", str(burst), "latency", "200ms"])
+        print(f"# link: network namespace {ns}, loopback limited to {rate} "
+              f"(tbf, burst {burst} B)", flush=True)
+        child = subprocess.Popen(inside + [sys.executable, os.path.abspath(__file__),
+                                           *argv],
+                                 env=dict(os.environ, S4FS_BENCH_LINK=rate))
+        return child.wait()
+    finally:
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(10)
+        run(["ip", "netns", "del", ns], check=False)
+
+
+def server_rates(s3: "MotoServer", nbytes: int = 128 << 20, repeat: int = 3) -> dict:
+    """The server's own whole-object rates through this link (bytes/s, medians): one
+    PUT and one GET of ``nbytes`` at a time."""
+    bucket = s3.bucket("floor", 0)
+    data = os.urandom(nbytes)
+    puts, gets = [], []
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            s3.client.put_object(Bucket=bucket, Key="floor", Body=data)
+            puts.append(nbytes / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            body = s3.client.get_object(Bucket=bucket, Key="floor")["Body"]
+            got = 0
+            while True:
+                piece = body.read(8 << 20)
+                if not piece:
+                    break
+                got += len(piece)
+            gets.append(got / (time.perf_counter() - t0))
+    finally:
+        s3.remove(bucket)
+    return {"put": statistics.median(puts), "get": statistics.median(gets)}
+
+
+def local_times(ck: dict, work: str, repeat: int = 3) -> dict:
+    """``torch.save`` to local disk and a cold ``torch.load`` (page cache dropped) of
+    ``ck``, seconds (medians)."""
+    import torch
+    path = os.path.join(work, "local-floor.pt")
+    saves, loads = [], []
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            torch.save(ck, path)
+            saves.append(time.perf_counter() - t0)
+            drop_caches()
+            loads.append(timed(lambda: torch.load(path)))
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return {"save": statistics.median(saves), "load": statistics.median(loads)}
+
+
+def s4fs_needed(s3: "MotoServer", bucket: str, name: str) -> tuple[int, int]:
+    """Stored bytes of ``name`` in an s4fs bucket: (its own blobs, its blobs and those of
+    the delta bases a read decodes through)."""
+    from s4fs import keys
+    from s4fs.manifest import Manifest
+    body = s3.client.get_object(Bucket=bucket, Key=f"{PREFIX}/{keys.file_key(name)}")
+    m = Manifest.from_bytes(body["Body"].read())
+    own, chain = {}, {}
+    for st in m.streams:
+        for c in st.chunks:
+            r = c
+            if r.pack in m.own_packs:
+                own[r.key()] = r.stored
+            while r is not None:
+                chain[r.key()] = r.stored
+                r = r.base
+    return sum(own.values()), sum(chain.values())
 
 
 # --- the S3 server ---------------------------------------------------------------------
@@ -493,6 +623,11 @@ def run_fuse(cls, s3: MotoServer, cks: list[dict], r: int, work: str,
                 at_close = t.durable(name, size)
                 res[f"durable{i}"] = close if at_close else time.perf_counter() - t0
             logical += size
+            if cls.name.startswith("s4fs"):
+                own, chain = s4fs_needed(s3, bucket, name)
+                res[f"saved{i}"], res["needed"] = own, chain
+            else:
+                res[f"saved{i}"] = res["needed"] = size
         res["stored"], res["logical"] = s3.stored(bucket), logical
         last = t.path(f"ckpt_{len(cks) - 1}.pt")
         for kind, cache in (("cold", "cache"), ("fresh", "cache-fresh")):
@@ -525,6 +660,7 @@ def run_boto3(s3: MotoServer, cks: list[dict], r: int, work: str, op_timeout: fl
             s3.client.upload_file(local, bucket, name)
             res[f"durable{i}"] = time.perf_counter() - t0
             logical += os.path.getsize(local)
+            res[f"saved{i}"] = res["needed"] = os.path.getsize(local)
         res["stored"], res["logical"] = s3.stored(bucket), logical
         name = f"ckpt_{len(cks) - 1}.pt"
         res["dropped"] = drop_caches()
@@ -569,7 +705,15 @@ def main(argv=None) -> int:
                     help="seconds a save (until durable) or a load may take before its "
                          "mount is aborted and the tool marked failed")
     ap.add_argument("--work", help="scratch folder (default: a temp dir on /tmp's disk)")
+    ap.add_argument("--link", help="run inside a network namespace whose loopback is "
+                                   "limited to this rate (tc units: 1gbit, 10gbit)")
     args = ap.parse_args(argv)
+    if args.link and not os.environ.get("S4FS_BENCH_LINK"):
+        try:
+            link_bits(args.link)
+        except ValueError as exc:
+            ap.error(str(exc))
+        return run_in_link(args.link, list(sys.argv[1:] if argv is None else argv))
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in peers:
         if p not in PEERS:
@@ -611,6 +755,11 @@ def main(argv=None) -> int:
     s3 = None
     try:
         s3 = MotoServer(os.path.join(work, "moto.log"))
+        rates = server_rates(s3)
+        local = local_times(cks[-1], work)
+        print(f"# floors: server PUT {rates['put'] / 1e6:.0f} MB/s, GET "
+              f"{rates['get'] / 1e6:.0f} MB/s (one whole object); local torch.save "
+              f"{local['save']:.2f} s, cold torch.load {local['load']:.2f} s", flush=True)
         for r in range(args.repeat):
             for p in peers:
                 if p in why:
@@ -637,7 +786,11 @@ def main(argv=None) -> int:
         if left:
             print(f"# WARNING: still mounted: {left}", file=sys.stderr)
 
-    rows = []
+    link = os.environ.get("S4FS_BENCH_LINK") or args.link
+    wire = link_bits(link) / 8 if link else float("inf")
+    get_rate = min(wire, rates["get"]) if s3 is not None else 0
+    put_rate = min(wire, rates["put"]) if s3 is not None else 0
+    rows, floors = [], []
     for p in peers:
         rs = results[p]
         col = lambda k: [x[k] for x in rs if k in x]   # noqa: E731
@@ -650,6 +803,17 @@ def main(argv=None) -> int:
             exact = f"yes, {2 * len(rs)} loads; then failed"
         else:
             exact = f"yes ({2 * len(rs)} of {2 * len(rs)})"
+        if rs:
+            load_floor = statistics.median(col("needed")) / get_rate + local["load"]
+            save_floor = statistics.median(col("saved1")) / put_rate + local["save"]
+            fresh, durable = statistics.median(col("fresh")), statistics.median(
+                col("durable1"))
+            floors.append([p, f"{statistics.median(col('needed')) / 2**20:.0f}",
+                           f"{load_floor:.2f}", cell(col("fresh")),
+                           f"{fresh / load_floor:.2f}×",
+                           f"{statistics.median(col('saved1')) / 2**20:.0f}",
+                           f"{save_floor:.2f}", cell(col("durable1")),
+                           f"{durable / save_floor:.2f}×"])
         rows.append([p, cell(col("close0")), cell(col("durable0")), cell(col("close1")),
                      cell(col("durable1")), cell(col("cold")) + ("" if dropped else " *"),
                      cell(col("fresh")),
@@ -663,6 +827,10 @@ def main(argv=None) -> int:
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} "
           f"{load_after[2]:.2f}")
     import moto
+    print(f"# link: {link or 'loopback, unlimited'}; the server's whole-object PUT "
+          f"{rates['put'] / 1e6:.0f} MB/s, GET {rates['get'] / 1e6:.0f} MB/s through it; "
+          f"local disk: torch.save {local['save']:.2f} s, cold torch.load "
+          f"{local['load']:.2f} s")
     print(f"# one moto {moto.__version__} S3 server on 127.0.0.1; s3fs "
           f"{version('s3fs')}, rclone {version('rclone')} (--vfs-cache-mode "
           f"{args.rclone_cache_mode}, --vfs-write-back 0s); 2 consecutive checkpoints "
@@ -677,6 +845,13 @@ def main(argv=None) -> int:
           "both loads read the bucket." + ("" if all(
               x.get("dropped") for v in results.values() for x in v)
               else " *: drop_caches failed (not root?): the page cache was warm."))
+    if floors:
+        print("\nfloors (same run): load floor = MiB a fresh node must fetch ÷ min(link, "
+              "server GET) + local cold torch.load; save floor = MiB stored by the 2nd "
+              "save ÷ min(link, server PUT) + local torch.save")
+        print(table(["tool", "fetch MiB", "load floor", "fresh-node load", "÷ floor",
+                     "save MiB", "save floor", "save 2 in bucket", "÷ floor"],
+                    floors, align="lrrrrrrrr"))
     return 1 if any(v.startswith("FAILED") for v in why.values()) else 0
 
 

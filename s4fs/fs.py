@@ -34,6 +34,7 @@ from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
 from s4fs.manifest import Manifest, seconds_to_ns
 from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, NodeReader,
                        PackCache, ReadHandle)
+from s4fs.read.fetch import THREADS as FETCH_THREADS
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
 from s4fs.write import (Committer, IngestSession, Journal, RoomKeeper, State, WriteHandle,
@@ -152,7 +153,9 @@ class Filesystem:
                                   device="auto", blob_cache=self.pack_cache, offload=offload)
         # versions being decoded ahead, and where (the read room's policy)
         self.fills = Fills(store, self.decoded, ingest, self.source, self.pools,
-                           self.runtime.cfg.gpu_fill_batch)
+                           self.runtime.cfg.gpu_fill_batch,
+                           None if isinstance(store, LocalStore) else
+                           self.runtime.thread("s4fs-fetch", FETCH_THREADS))
         self._lock = threading.RLock()
         self._manifests: dict[str, tuple[float, Manifest | None]] = {}
         self._gen = 0                       # bumped by every change made on this mount
@@ -711,8 +714,7 @@ class Filesystem:
                 return ReadHandle(staged_fd=fd, size_fn=lambda: m.size, path=path,
                                   manifest=m, on_bad=lambda: self.decoded.discard(m.id)), gen
         return ReadHandle(FileReader(m, self.source, path=path), path=path, manifest=m,
-                          fill_fn=lambda: self.fills.start(m),
-                          fill_at_once=self._gpu_worker), gen
+                          fill_fn=lambda first: self.fills.start(m, first)), gen
 
     def _reader_gone(self, node: FileNode) -> None:
         with self._lock:

@@ -84,7 +84,7 @@ def decode_batch(job: DecodeJob) -> int:
     src = source_for(job.store)
     fd = os.open(job.target, os.O_WRONLY)
     try:
-        with src.preloaded([ref for ref, _ in job.items]):
+        with src.staged(job.staged), src.preloaded([ref for ref, _ in job.items]):
             for ref, pieces in job.items:
                 data = memoryview(src.get(ref))
                 for coff, foff, n in pieces:

@@ -100,8 +100,9 @@ def decode_into(source, job) -> int:
     ``s4fs.read.reader.decode_on_gpu`` (only the decoding on the process's GPU thread; every
     chunk checked) and write its pieces at their offsets in ``job.target``."""
     from s4fs.read.reader import decode_on_gpu
-    decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,
-                            to_host=True)
+    with source.staged(job.staged):
+        decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,
+                                to_host=True)
     fd = os.open(job.target, os.O_WRONLY)
     try:
         for ref, pieces in job.items:

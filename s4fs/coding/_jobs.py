@@ -57,10 +57,12 @@ class JobResult:
 @dataclass(frozen=True)
 class DecodeJob:
     """Chunks to decode into ``target`` (the decoded-cache copy being filled): each item
-    is ``(ref, ((offset in chunk, file offset, length), ...))``."""
+    is ``(ref, ((offset in chunk, file offset, length), ...))``. ``staged``: where the
+    batch's stored bytes were fetched ahead (``ChunkSource.staged``), or None."""
     store: bytes
     target: str
     items: tuple
+    staged: tuple | None = None
 
 
 @dataclass(frozen=True)

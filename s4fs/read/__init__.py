@@ -7,7 +7,8 @@
   spool, a decoded copy or a ``FileReader``) and ``decode_on_gpu`` (imported from
   ``s4fs.read.reader`` where it is called, so that one binding of it exists);
 * ``fill``: decoding a cold version ahead into the decoded cache (:class:`Fills`: which
-  versions, by which pool, in batches of what size);
+  versions, by which pool, in batches of what size); ``fetch``: a remote store's bytes
+  of those batches brought ahead of their decode, many GETs in flight;
 * ``packs``: :class:`PackCache`, local copies of the newest packs;
 * ``decoded``: :class:`DecodedCache`, whole committed files on local disk.
 

@@ -45,7 +45,8 @@ class DecodedCache:
         entries = []
         for name in os.listdir(folder):
             full = os.path.join(folder, name)
-            if name.startswith(".fill-"):      # a copy being decoded when we stopped
+            # a copy being decoded, or the stored bytes fetched for it, when we stopped
+            if name.startswith((".fill-", ".fetch-")):
                 _unlink(full)
                 continue
             if name.startswith(".") or not os.path.isfile(full):

@@ -3,15 +3,17 @@ ahead of its reader.
 
 A file read on a node that did not write it (or after its decoded copy was evicted) has
 to be fetched and decoded chunk by chunk, through delta chains. Done inside the daemon
-that is one interpreter's worth of decoding, behind the FUSE requests. Instead, when a
-reader shows torch.load's pattern (it reads the file's tail — the zip directory — or has
-read a few MiB), the mount starts a :class:`Fill`: the whole version is cut into batches
-of chunks, each with the file ranges its bytes belong at, and a coding pool
-(``s4fs.coding``: the worker processes, or threads on this process's GPU) fetches,
-decodes (every chunk checked against its checksum) and ``pwrite``s them into
-``<cache>/decoded/.fill-<id>``. A read waits only for the batch that holds its bytes —
-the tail's and the head's batches go first, the rest in file order — then is a
-``pread`` of that file. Once every batch is in and the whole-file hash of the filled
+that is one interpreter's worth of decoding, behind the FUSE requests. Instead, at the
+first read of a cold file of at least :data:`MIN_SIZE`, the mount starts a
+:class:`Fill`: the whole version is cut into batches of chunks, each with the file
+ranges its bytes belong at, and a coding pool (``s4fs.coding``: the worker processes, or
+threads on this process's GPU) decodes them (every chunk checked against its checksum)
+and ``pwrite``s them into ``<cache>/decoded/.fill-<id>``. From a remote store the
+batches' stored bytes are fetched ahead first, many GETs in flight
+(``s4fs.read.fetch``); from a local one the workers read them in place. A read waits
+only for the batch that holds its bytes — the first read's batch goes first, then the
+tail's (torch.load's zip directory), the rest in file order — then is a ``pread`` of
+that file. Once every batch is in and the whole-file hash of the filled
 copy matches the manifest, it becomes the version's decoded-cache entry (later opens
 read it like a file written here). A batch that fails (the store down, a
 worker killed) ends the fill: its readers go back to decoding in the daemon, which
@@ -34,6 +36,7 @@ import xxhash
 from s4fs.codec import resolve_device
 from s4fs.coding import DecodeJob, IngestConfig, Pools, ThreadPool
 from s4fs.manifest import Manifest
+from s4fs.read.fetch import PREFIX as FETCH_PREFIX, Fetch
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,21 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
     return batches
 
 
+def order(batches: list, first: int) -> list:
+    """``batches`` in the order they are decoded: the one holding file offset ``first``
+    (the first read), then the one holding the file's end (torch.load reads the zip
+    directory there next), then the rest in file order."""
+    if len(batches) < 2:
+        return batches
+    ends = [max(fo + n for _, ps in b for _, fo, n in ps) for b in batches]
+    lead = next((i for i, b in enumerate(batches)
+                 if any(fo <= first < fo + n for _, ps in b for _, fo, n in ps)), 0)
+    tail = max(range(len(batches)), key=ends.__getitem__)
+    picked = [lead] if tail == lead else [lead, tail]
+    return [batches[i] for i in picked] + \
+        [b for i, b in enumerate(batches) if i not in picked]
+
+
 class _Ranges:
     """Disjoint sorted [lo, hi) intervals of the file that are filled."""
 
@@ -97,7 +115,7 @@ class Fill:
     """One version being decoded into the decoded cache (shared by its readers)."""
 
     def __init__(self, m: Manifest, store, cache, pool, batch_bytes: int,
-                 on_done) -> None:
+                 on_done, first: int = 0, fetcher=None) -> None:
         self.m = m
         self.cache = cache
         self.pool = pool
@@ -117,31 +135,61 @@ class Fill:
             os.unlink(self.path)
             raise
         self.fd = fd
-        batches = plan(m, batch_bytes)
-        # torch.load reads the tail (the zip directory), then the head, then on
-        if len(batches) > 1:
-            last = max(range(len(batches)),
-                       key=lambda b: max(p[1] + p[2] for _, ps in batches[b] for p in ps))
-            batches.insert(0, batches.pop(last))
-        spec = pickle.dumps(store)
-        self._left = self._batches = len(batches)
-        log.info("decoding %s ahead: %d batches", m.id, len(batches))
-        if not batches:
+        self.batches = order(plan(m, batch_bytes), first)
+        self._spec = pickle.dumps(store)
+        self._left = self._batches = len(self.batches)
+        self.fetch = None
+        log.info("decoding %s ahead: %d batches%s", m.id, len(self.batches),
+                 ", fetched ahead" if fetcher is not None else "")
+        if not self.batches:
             self._finish()
             return
-        for batch in batches:
-            job = DecodeJob(spec, self.path, tuple(batch))
-            ranges = [(fo, fo + n) for _, ps in batch for _, fo, n in ps]
-            fut = pool.submit_decode(job)
-            fut.add_done_callback(lambda f, r=ranges: self._landed(f, r))
+        if fetcher is None:
+            for k in range(len(self.batches)):
+                self._decode(k, None)
+            return
+        # a remote store: the stored bytes come in first, many GETs in flight, and each
+        # batch is decoded from local bytes once they are all in (s4fs.read.fetch)
+        try:
+            self.fetch = Fetch(store, self.batches,
+                               os.path.join(cache.folder, FETCH_PREFIX + m.id),
+                               self._decode, self._not_fetched)
+        except OSError as exc:
+            log.warning("cannot fetch %s ahead (%s); its batches fetch as they decode",
+                        m.id, exc)
+            for k in range(len(self.batches)):
+                self._decode(k, None)
+            return
+        self.fetch.start(fetcher)
 
-    def _landed(self, fut, ranges) -> None:
+    def _ranges(self, k: int) -> list[tuple[int, int]]:
+        return [(fo, fo + n) for _, ps in self.batches[k] for _, fo, n in ps]
+
+    def _decode(self, k: int, staged) -> None:
+        """Submit batch ``k`` to the pool (its stored bytes in ``staged``, or None: the
+        worker fetches them itself)."""
+        job = DecodeJob(self._spec, self.path, tuple(self.batches[k]), staged)
+        try:
+            fut = self.pool.submit_decode(job)
+        except BaseException as exc:                # noqa: BLE001 - reported to readers
+            self._account(exc, None)
+            return
+        fut.add_done_callback(lambda f, k=k: self._landed(f, k))
+
+    def _not_fetched(self, k: int, exc: BaseException) -> None:
+        self._account(exc, None)
+
+    def _landed(self, fut, k: int) -> None:
         try:
             self.pool.result(fut, f"version {self.m.id}", doing="decoding",
                              then="its readers decode in the daemon")
             exc = None
         except BaseException as e:                  # noqa: BLE001 - reported to readers
             exc = e
+        self._account(exc, self._ranges(k))
+
+    def _account(self, exc: BaseException | None, ranges) -> None:
+        """One batch ended: decoded into the copy (its file ``ranges``), or ``exc``."""
         with self._cond:
             if exc is not None:
                 if self.failed is None:
@@ -177,6 +225,8 @@ class Fill:
 
     def _finish(self) -> None:
         """Every batch is in: check the whole copy, then hand it to the decoded cache."""
+        if self.fetch is not None:
+            self.fetch.close()
         ok = self.failed is None and self._hash_ok()
         if ok and self._batches:
             log.info("decoded %s ahead: %d batches, %.1f MiB in %.2f s (the first landed "
@@ -219,19 +269,21 @@ class Fills:
     """The versions one filesystem is decoding ahead, and where that runs: the CPU
     worker processes, or the GPU (its worker process on a mount, threads of this process
     for the API). Needs the decoded cache the copies become entries of; ``pools``: the
-    worker processes; ``gpu_batch``: the most bytes of one batch decoded on the GPU."""
+    worker processes; ``gpu_batch``: the most bytes of one batch decoded on the GPU;
+    ``fetcher``: the threads that fetch a remote store's bytes ahead of the decode
+    (s4fs.read.fetch), or None (a local store: the workers read it in place)."""
 
     def __init__(self, store, decoded, ingest: IngestConfig, source, pools: Pools,
-                 gpu_batch: int) -> None:
+                 gpu_batch: int, fetcher=None) -> None:
         self.store, self.decoded, self.ingest, self.source = store, decoded, ingest, source
-        self.pools, self.gpu_batch = pools, gpu_batch
+        self.pools, self.gpu_batch, self.fetcher = pools, gpu_batch, fetcher
         self._lock = threading.RLock()
         self._fills: dict[str, Fill] = {}
 
-    def start(self, m: Manifest):
-        """Decode version ``m`` ahead: ``(fill, fd)`` for a reader — ``fill`` to wait on
-        (None when the copy is already whole), ``fd`` to read it — or None (then the
-        reader decodes in this process)."""
+    def start(self, m: Manifest, first: int = 0):
+        """Decode version ``m`` ahead, the bytes at file offset ``first`` first: ``(fill,
+        fd)`` for a reader — ``fill`` to wait on (None when the copy is already whole),
+        ``fd`` to read it — or None (then the reader decodes in this process)."""
         ingest = self.ingest
         where = resolve_device(ingest.device)
         if self.decoded is None or (where == "cpu" and not ingest.processes) or \
@@ -250,7 +302,8 @@ class Fills:
                 else:
                     pool, batch = self.pools.for_ingest(ingest), ingest.batch_bytes
                 try:
-                    f = Fill(m, self.store, self.decoded, pool, batch, self._done)
+                    f = Fill(m, self.store, self.decoded, pool, batch, self._done,
+                             first, self.fetcher)
                 except OSError as exc:
                     log.warning("cannot decode %s ahead: %s", m.id, exc)
                     return None

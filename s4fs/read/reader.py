@@ -198,6 +198,9 @@ class ChunkSource:
                                         thread_name_prefix="s4fs-read")
         self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
         self._preloaded: dict[tuple[str, int], memoryview] = {}   # see preloaded()
+        # pack -> [(lo, hi, offset, fd)]: stored byte ranges fetched ahead into a local
+        # staging file (see staged(); s4fs.read.fetch)
+        self._staged: dict[str, list[tuple[int, int, int, int]]] = {}
 
     def get(self, ref: ChunkRef) -> bytes:
         """The verified raw bytes of ``ref``."""
@@ -266,11 +269,60 @@ class ChunkSource:
                 for key in mine:
                     self._preloaded.pop(key, None)
 
+    @contextlib.contextmanager
+    def staged(self, staging):
+        """Within the block, reads of the stored byte ranges listed in ``staging``
+        (``(path, ((pack, lo, hi, offset), ...))``, or None: nothing staged) come from
+        that local file — where s4fs.read.fetch put them ahead of this decode — not from
+        the store. Its bytes are checked like the store's: every blob against the
+        manifest and its checksum, when it is decoded."""
+        if not staging or not staging[1]:
+            yield
+            return
+        path, runs = staging
+        fd = os.open(path, os.O_RDONLY)
+        mine = [(pack, (lo, hi, at, fd)) for pack, lo, hi, at in runs]
+        with self._lock:
+            for pack, entry in mine:
+                self._staged.setdefault(pack, []).append(entry)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for pack, entry in mine:
+                    left = self._staged[pack]
+                    left.remove(entry)
+                    if not left:
+                        del self._staged[pack]
+            os.close(fd)
+
+    def _read_staged(self, pack: str, lo: int, hi: int, out) -> bool:
+        """Bytes [lo, hi) of ``pack`` into ``out`` from a staging file, if one holds
+        them all; False otherwise (or when the staging file comes up short)."""
+        with self._lock:
+            hit = next(((s_lo, at, fd) for s_lo, s_hi, at, fd in self._staged.get(pack, ())
+                        if s_lo <= lo and hi <= s_hi), None)
+        if hit is None:
+            return False
+        s_lo, at, fd = hit
+        mv = memoryview(out).cast("B")[: hi - lo]
+        got = 0
+        while got < len(mv):
+            n = os.preadv(fd, [mv[got:]], at + lo - s_lo + got)
+            if n <= 0:
+                return False
+            got += n
+        return True
+
     def fetch_blob(self, ref: ChunkRef) -> bytes:
         with self._lock:
             blob = self._preloaded.get((ref.pack, ref.offset))
         if blob is not None and len(blob) == ref.stored:
             return bytes(blob)
+        if self._staged:
+            buf = bytearray(ref.stored)
+            if self._read_staged(ref.pack, ref.offset, ref.offset + ref.stored, buf):
+                return bytes(buf)
         blob = None
         if self.blob_cache is not None:
             blob = self.blob_cache.get(ref.pack, ref.offset, ref.stored)
@@ -282,7 +334,10 @@ class ChunkSource:
         return blob
 
     def read_into(self, pack: str, lo: int, hi: int, out) -> None:
-        """Bytes [lo, hi) of ``pack`` into ``out`` (the local pack cache first)."""
+        """Bytes [lo, hi) of ``pack`` into ``out`` (a staging file or the local pack cache
+        first)."""
+        if self._staged and self._read_staged(pack, lo, hi, out):
+            return
         data = self.blob_cache.get(pack, lo, hi - lo) if self.blob_cache is not None else None
         if data is not None:
             got = len(data)
@@ -451,8 +506,7 @@ class ReadHandle:
 
     def __init__(self, reader: FileReader | None = None, staged_fd: int | None = None,
                  size_fn=None, path: str = "", manifest: Manifest | None = None,
-                 on_bad=None, fill_fn=None, version: str | None = None,
-                 fill_at_once: bool = False):
+                 on_bad=None, fill_fn=None, version: str | None = None):
         self._reader = reader
         self._fd = staged_fd
         self._size_fn = size_fn
@@ -464,13 +518,10 @@ class ReadHandle:
         # local copies of a committed version are checked like the store's bytes: the
         # whole-file hash, when the file is read from start to end in order
         self._whole = WholeFileHash(self._m) if self._m is not None else None
-        # a cold file: decoded ahead by the worker processes once torch.load's pattern
-        # shows (s4fs.read.fill), read from that copy as its batches land
+        # a cold file: decoded ahead by the coding pool from its first read on
+        # (s4fs.read.fill; ``fill_fn(offset of the first read)``), read from that copy
+        # as its batches land
         self._fill_fn = fill_fn
-        # start the decode ahead at the first read, not at torch.load's pattern (a mount
-        # that codes on the GPU: every chunk its daemon decoded itself would be a trip
-        # to the GPU worker; the whole file is read next anyway)
-        self._fill_at_once = fill_at_once
         self._fill = None
         self._fill_lock = threading.Lock()      # FUSE may read one handle from threads
         self._dead_fds: list[int] = []
@@ -532,16 +583,15 @@ class ReadHandle:
         self.nbytes += n
         return buf
 
-    def _start_fill(self, offset: int, n: int) -> None:
-        """torch.load's pattern: the tail first (the zip directory), or a few MiB read."""
+    def _start_fill(self, offset: int) -> None:
+        """The first read of a cold file: decode it ahead, from that read's batch on. A
+        checkpoint is read whole, and waiting for torch.load's pattern (the zip
+        directory at the tail) first cost a chunk fetched and decoded here in between."""
         size = self._reader.size
-        if not self._fill_at_once and offset + n < size - (64 << 10) and \
-                self.nbytes + n < (8 << 20):
-            return
         with self._fill_lock:
             if self._fill_fn is None:
                 return                        # another thread started it
-            got, self._fill_fn = self._fill_fn(), None
+            got, self._fill_fn = self._fill_fn(offset), None
             if got is not None:
                 self._size_fn = lambda: size
                 self._fill, self._fd = got
@@ -557,7 +607,7 @@ class ReadHandle:
     def readinto(self, offset: int, dest) -> int:
         self._count_read(offset, len(dest))
         if self._fill_fn is not None:
-            self._start_fill(offset, len(dest))
+            self._start_fill(offset)
         fd, fill = self._fd, self._fill
         if fd is not None and self._reader is not None:
             mv = memoryview(dest).cast("B")

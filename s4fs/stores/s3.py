@@ -175,6 +175,9 @@ _loader_lock = threading.Lock()
 _loader = None            # botocore's service-model loader, shared: loading costs ~0.4 s
 
 
+_STREAM_PIECE = 1 << 20     # bytes of a body read at a time by get_into
+
+
 def _botocore_session(profile: str | None):
     """A fresh botocore session (its own credential chain) on the shared model loader."""
     global _loader
@@ -395,27 +398,38 @@ class S3Store(Store):
                               f"or a shorter prefix")
         return full
 
-    def get(self, key, start=None, end=None) -> bytes:
-        full = self._key(key)
+    def _get_args(self, key, start, end) -> tuple[dict, bool]:
         if (start is not None and start < 0) or (end is not None and end < 0):
             raise InvalidArgument(f"negative byte range [{start}, {end}) for {key!r}")
+        lo = start or 0
+        ranged = lo > 0 or end is not None
+        args = {"Bucket": self.bucket, "Key": self._key(key)}
+        if ranged:
+            args["Range"] = f"bytes={lo}-" + ("" if end is None else str(end - 1))
+        return args, ranged
+
+    def _open(self, args: dict, ranged: bool):
+        """The GetObject response for ``args``, or None: the object exists and the range
+        starts past its end."""
+        from botocore.exceptions import ClientError
+        try:
+            return self._client.get_object(**args)
+        except ClientError as exc:
+            if ranged and _client_error_code(exc) == "InvalidRange":
+                return None
+            raise
+
+    def get(self, key, start=None, end=None) -> bytes:
+        args, ranged = self._get_args(key, start, end)
         lo = start or 0
         if end is not None and end <= lo:
             self.head(key)                  # an empty range of a missing key is NotFound
             return b""
-        ranged = lo > 0 or end is not None
-        args = {"Bucket": self.bucket, "Key": full}
-        if ranged:
-            args["Range"] = f"bytes={lo}-" + ("" if end is None else str(end - 1))
 
         def fetch() -> bytes:
-            from botocore.exceptions import ClientError
-            try:
-                response = self._client.get_object(**args)
-            except ClientError as exc:
-                if ranged and _client_error_code(exc) == "InvalidRange":
-                    return b""              # the object exists; the range starts past its end
-                raise
+            response = self._open(args, ranged)
+            if response is None:
+                return b""
             body = response["Body"]
             try:
                 data = body.read()
@@ -429,6 +443,41 @@ class S3Store(Store):
         with self._lock:
             self._stats["bytes_received"] += len(data)
         return data
+
+    def get_into(self, key, start: int, end: int, out) -> int:
+        """As ``get``, but the body streams into ``out`` a MiB at a time, so a large
+        read (a fetch ahead of a cold file's decode) holds no second copy of it."""
+        mv = memoryview(out).cast("B")[: max(0, end - start)]
+        if end <= start:
+            self.head(key)
+            return 0
+        args, ranged = self._get_args(key, start, end)
+
+        def fetch() -> int:
+            response = self._open(args, ranged)
+            if response is None:
+                return 0
+            body = response["Body"]
+            try:
+                if ranged and "ContentRange" not in response:
+                    data = body.read()[start:end]     # a server that ignored the Range
+                    mv[: len(data)] = data
+                    return len(data)
+                got = 0
+                while got < len(mv):
+                    piece = body.read(min(_STREAM_PIECE, len(mv) - got))
+                    if not piece:
+                        break
+                    mv[got: got + len(piece)] = piece
+                    got += len(piece)
+                return got
+            finally:
+                body.close()
+
+        got = self._call("get", key, fetch)
+        with self._lock:
+            self._stats["bytes_received"] += got
+        return got
 
     def put(self, key, data) -> None:
         full = self._key(key)

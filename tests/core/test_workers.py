@@ -435,6 +435,16 @@ def torch_load_pattern(r, size: int) -> bytes:
     return bytes(out)
 
 
+def load_fails_with(fs: Filesystem, error) -> None:
+    """Reading ``ckpt.pt`` as torch.load does raises ``error`` (never wrong bytes)."""
+    r = fs.open_read("ckpt.pt")
+    try:
+        with pytest.raises(error):
+            torch_load_pattern(r, r.size)
+    finally:
+        r.release()
+
+
 def read_cold_then_wait_for_the_copy(fs: Filesystem, m, want: bytes) -> None:
     """Read ``ckpt.pt`` as torch.load does (exact bytes, decoded ahead), then wait until
     the filled copy has become its decoded-cache entry."""
@@ -488,12 +498,7 @@ def test_decode_ahead_with_a_missing_pack_is_an_error_not_wrong_bytes(tmp_path):
     LocalStore(str(tmp_path / "store")).delete(victim)
     other = cold_fs(tmp_path)
     try:
-        r = other.open_read("ckpt.pt")
-        try:
-            with pytest.raises(MissingData):
-                torch_load_pattern(r, r.size)
-        finally:
-            r.release()
+        load_fails_with(other, MissingData)
         time.sleep(0.5)
         assert other.decoded.path_of(m.id) is None
         assert not [n for n in os.listdir(other.decoded.folder) if n.startswith(".fill")]
