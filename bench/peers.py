@@ -45,8 +45,8 @@ RATE by a token bucket (``tc qdisc add dev lo root tbf``; this kernel has no net
 removes the namespace afterwards. Uploads and downloads share that one limit.
 
 Each run also measures its floors, in the same run, through the same link: the server's
-own rate for one whole object (one PUT, one GET of 128 MiB: what a single stream of
-this server does through this link) and ``torch.save``/``torch.load`` of the checkpoint
+own whole-object rates (PUT and GET, the better of one 128 MiB object and four of
+32 MiB side by side: the most this server moves through this link) and ``torch.save``/``torch.load`` of the checkpoint
 on local disk (page cache dropped before the load). A tool's *load floor* is the bytes
 its fresh-node load must fetch (s4fs: the blobs of the version and of the delta bases it
 decodes through; the others: the file) over min(link rate, the server's GET rate), plus
@@ -253,28 +253,44 @@ def run_in_link(rate: str, argv: list[str]) -> int:
 
 
 def server_rates(s3: "MotoServer", nbytes: int = 128 << 20, repeat: int = 3) -> dict:
-    """The server's own whole-object rates through this link (bytes/s, medians): one
-    PUT and one GET of ``nbytes`` at a time."""
+    """The server's own whole-object rates through this link (bytes/s): for PUT and for
+    GET, the better of one 128 MiB object at a time and four 32 MiB objects side by
+    side (median of ``repeat`` each) — the most this server moves through this link, so
+    the floors built on it are the strictest."""
+    from concurrent.futures import ThreadPoolExecutor
     bucket = s3.bucket("floor", 0)
     data = os.urandom(nbytes)
-    puts, gets = [], []
+    quarter = memoryview(data)[: nbytes // 4]
+
+    def put(key, body):
+        s3.client.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+
+    def get(key) -> int:
+        body = s3.client.get_object(Bucket=bucket, Key=key)["Body"]
+        got = 0
+        while True:
+            piece = body.read(8 << 20)
+            if not piece:
+                return got
+            got += len(piece)
+
+    def rate(fn, args) -> float:
+        with ThreadPoolExecutor(len(args)) as ex:
+            t0 = time.perf_counter()
+            list(ex.map(lambda a: fn(*a), args))
+            return nbytes / (time.perf_counter() - t0)
+    one_put, one_get, four_put, four_get = [], [], [], []
     try:
         for _ in range(repeat):
-            t0 = time.perf_counter()
-            s3.client.put_object(Bucket=bucket, Key="floor", Body=data)
-            puts.append(nbytes / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            body = s3.client.get_object(Bucket=bucket, Key="floor")["Body"]
-            got = 0
-            while True:
-                piece = body.read(8 << 20)
-                if not piece:
-                    break
-                got += len(piece)
-            gets.append(got / (time.perf_counter() - t0))
+            one_put.append(rate(put, [("one", data)]))
+            one_get.append(rate(get, [("one",)]))
+            four_put.append(rate(put, [(f"q{i}", quarter) for i in range(4)]))
+            four_get.append(rate(get, [(f"q{i}",) for i in range(4)]))
     finally:
         s3.remove(bucket)
-    return {"put": statistics.median(puts), "get": statistics.median(gets)}
+    med = statistics.median
+    return {"put": max(med(one_put), med(four_put)), "get": max(med(one_get), med(four_get)),
+            "put1": med(one_put), "get1": med(one_get)}
 
 
 def local_times(ck: dict, work: str, repeat: int = 3) -> dict:
@@ -758,7 +774,8 @@ def main(argv=None) -> int:
         rates = server_rates(s3)
         local = local_times(cks[-1], work)
         print(f"# floors: server PUT {rates['put'] / 1e6:.0f} MB/s, GET "
-              f"{rates['get'] / 1e6:.0f} MB/s (one whole object); local torch.save "
+              f"{rates['get'] / 1e6:.0f} MB/s (one stream: {rates['put1'] / 1e6:.0f}, "
+              f"{rates['get1'] / 1e6:.0f}); local torch.save "
               f"{local['save']:.2f} s, cold torch.load {local['load']:.2f} s", flush=True)
         for r in range(args.repeat):
             for p in peers:
@@ -828,7 +845,9 @@ def main(argv=None) -> int:
           f"{load_after[2]:.2f}")
     import moto
     print(f"# link: {link or 'loopback, unlimited'}; the server's whole-object PUT "
-          f"{rates['put'] / 1e6:.0f} MB/s, GET {rates['get'] / 1e6:.0f} MB/s through it; "
+          f"{rates['put'] / 1e6:.0f} MB/s, GET {rates['get'] / 1e6:.0f} MB/s through it "
+          f"(best of 1 and 4 streams; one stream: PUT {rates['put1'] / 1e6:.0f}, GET "
+          f"{rates['get1'] / 1e6:.0f} MB/s); "
           f"local disk: torch.save {local['save']:.2f} s, cold torch.load "
           f"{local['load']:.2f} s")
     print(f"# one moto {moto.__version__} S3 server on 127.0.0.1; s3fs "
