@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import mmap
 import os
 import shutil
 import statistics
@@ -106,8 +107,9 @@ def save(fs, path: str, data: bytes) -> None:
 
 
 def read_as_torch_load(fs, path: str) -> tuple[bytes, bool, float, float]:
-    """The file's bytes, read as torch.load reads, whether a fill served them, and the
-    seconds until the open returned and until the tail (the zip directory) was read."""
+    """The file's bytes, read as torch.load reads (the tail, then from the start into
+    buffers allocated once: its storages), whether a fill served them, and the seconds
+    until the open returned and until the tail (the zip directory) was read."""
     t0 = time.perf_counter()
     r = fs.open_read(path)
     opened = time.perf_counter() - t0
@@ -115,10 +117,15 @@ def read_as_torch_load(fs, path: str) -> tuple[bytes, bool, float, float]:
         size = r.size
         r.read(size - 22, 22)
         tail = time.perf_counter() - t0
-        out = bytearray()
-        while len(out) < size:
-            out += r.read(len(out), 1 << 20)
-        return bytes(out), r._fill is not None, opened, tail
+        out = mmap.mmap(-1, size)          # pages come as they are first written
+        mv = memoryview(out)
+        pos = 0
+        while pos < size:
+            n = r.readinto(pos, mv[pos: pos + (1 << 20)])
+            if n <= 0:
+                raise SystemExit(f"short read at {pos} of {size}")
+            pos += n
+        return out, r._fill is not None, opened, tail
     finally:
         r.release()
 
@@ -139,16 +146,48 @@ def local_disk(data: bytes, work: str, repeat: int) -> dict:
             f.seek(len(data) - 22)
             f.read(22)
             f.seek(0)
-            out = bytearray()
-            while len(out) < len(data):
-                out += f.read(1 << 20)
+            out = mmap.mmap(-1, len(data))
+            mv = memoryview(out)
+            pos = 0
+            while pos < len(data):
+                pos += f.readinto(mv[pos: pos + (1 << 20)])
         times.append(time.perf_counter() - t0)
-        if out != data:
+        if out[:] != data:
             raise SystemExit("local disk: the bytes read back differ")
     os.unlink(path)
     return {"device": "local disk (file + os.sync)", "stored": len(data),
             "fetched": len(data), "save": saved,
             "fresh": times, "filled": None, "depth": None, "open": None, "tail": None}
+
+
+def decode_alone(fs, m, repeat: int) -> list[float]:
+    """The floor of a fresh node's read on this machine: the file's batches decoded by
+    the fill's pool into a file, every batch submitted at once, no reader (the stored
+    bytes read from a cold page cache)."""
+    import pickle
+    from s4fs.coding import DecodeJob
+    from s4fs.read.fill import plan
+    cfg = fs.cfg.ingest
+    pool = fs.pools.for_ingest(cfg)
+    target = os.path.join(fs.cfg.cache_dir, "decode-alone")
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.ftruncate(fd, m.size)
+    os.close(fd)
+    spec = pickle.dumps(fs.store)
+    batches = plan(m, cfg.batch_bytes)
+    times = []
+    try:
+        for _ in range(repeat):
+            drop_caches()
+            t0 = time.perf_counter()
+            futs = [pool.submit_decode(DecodeJob(spec, target, tuple(b), None))
+                    for b in batches]
+            for f in futs:
+                f.result()
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.unlink(target)
+    return times
 
 
 def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
@@ -197,12 +236,17 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
             opens.append(opened)
             tails.append(tail)
             filled = filled and ahead
-            if got != data:
+            if got[:] != data:
                 raise SystemExit(f"{device}: the bytes read back differ")
         finally:
             cold.close()
+    cold = node("floor")
+    try:
+        floor = decode_alone(cold, m, repeat)
+    finally:
+        cold.close()
     rt.close()
-    return {"device": label + (", stored whole" if whole else ""), "stored": stored,
+    return {"floor": floor, "device": label + (", stored whole" if whole else ""), "stored": stored,
             "fetched": fetched, "save": saved, "fresh": times, "filled": filled,
             "depth": depth,
             "open": statistics.median(opens), "tail": statistics.median(tails)}
@@ -266,15 +310,26 @@ def main() -> None:
           f"fresh node = empty cache dir, page cache dropped; median of {a.repeat}")
     print("| device | stored % (last version) | chain read % | delta depth | "
           "last save s (no FUSE) | "
-          "fresh-node read s | GB/s | runs | open s | tail read s | decoded ahead |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
+          "fresh-node read s | ÷ local disk | ÷ its floor | GB/s | runs | open s | tail read s "
+          "| decoded ahead |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
+    for r in list(rows):
+        if r.get("floor"):
+            rows.insert(rows.index(r) + 1, {
+                "device": f"{r['device']}: decode alone, no reader (the floor)",
+                "stored": r["stored"], "fetched": r["fetched"], "save": r["save"],
+                "fresh": r["floor"], "filled": None, "depth": r["depth"], "open": None,
+                "tail": None})
+    disk = statistics.median(rows[-1]["fresh"])
     for r in rows:
         med = statistics.median(r["fresh"])
         depth = "-" if r["depth"] is None else r["depth"]
         print(f"| {r['device']} | {100 * r['stored'] / len(data):.1f} | "
               f"{100 * r['fetched'] / len(data):.1f} | {depth} | "
               f"{r['save']:.2f} | "
-              f"{med:.2f} | {len(data) / med / 1e9:.2f} | "
+              f"{med:.2f} | {med / disk:.2f}x | "
+              + (f"{med / statistics.median(r['floor']):.2f}x | " if r.get("floor") else "- | ")
+              + f"{len(data) / med / 1e9:.2f} | "
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "
               + ("- | - | " if r["open"] is None else f"{r['open']:.3f} | {r['tail']:.3f} | ")
               + f"{'-' if r['filled'] is None else 'yes' if r['filled'] else 'no'} |")

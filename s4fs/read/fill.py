@@ -214,6 +214,11 @@ class Fill:
                 return None
             return os.dup(self.fd)
 
+    def has(self, lo: int, hi: int) -> bool:
+        """Whether [lo, hi) is filled already (no waiting)."""
+        with self._cond:
+            return self._done.covers(lo, hi)
+
     def wait(self, lo: int, hi: int) -> bool:
         """Block until [lo, hi) is filled; False if the fill failed first."""
         with self._cond:

@@ -552,26 +552,33 @@ class ReadHandle:
         return None
 
     def read(self, offset: int, size: int) -> bytes:
-        if self._reader is not None:
+        self._count_read(offset, size)
+        fd = self._copy_fd(offset, size)
+        if fd is None:                  # decoded here, through the store
             buf = bytearray(max(0, min(size, self._reader.size - offset)))
-            n = self.readinto(offset, buf)
+            n = self._reader.readinto(offset, memoryview(buf))
+            self.nbytes += n
             return bytes(buf[:n]) if n < 65536 else buf[:n]
-        else:
-            self._count_read(offset, size)
-            data = os.pread(self._fd, max(0, min(size, self._size_fn() - offset)), offset)
-            self._check(offset, data)
+        data = os.pread(fd, max(0, min(size, self._size_fn() - offset)), offset)
+        self._check(offset, data)
         self.nbytes += len(data)
         return data
 
     def read_now(self, offset: int, size: int) -> bytearray | None:
-        """``read`` of a whole local copy whose bytes are all in the page cache (no disk
-        to wait for: the caller may be an event loop), else None, and the caller reads
-        with ``read``. A file just written, read back, is mostly cached: then its reads
-        skip a trip through a thread."""
-        fd = self.local_file()
-        if fd is None or _NOWAIT is None:
+        """``read`` of bytes of a local copy (the whole file on local disk, or the part of
+        a copy being decoded ahead that has landed) that are in the page cache: there is
+        nothing to wait for (the caller may be an event loop). Else None, and the caller
+        reads with ``read``. A file just written and read back, or decoded ahead of
+        its reader, skips a trip through a thread per read."""
+        fd = self._fd
+        if fd is None or _NOWAIT is None or self._fill_fn is not None or \
+                (self._reader is None and self._m is None):
             return None
-        buf = bytearray(max(0, min(size, self._m.size - offset)))
+        end = min(offset + size, self._m.size)
+        fill = self._fill
+        if offset < end and fill is not None and not fill.has(offset, end):
+            return None
+        buf = bytearray(max(0, end - offset))
         try:
             n = os.preadv(fd, [buf], offset, _NOWAIT) if buf else 0
         except OSError:            # EAGAIN: not all cached; any other error: ``read`` says
@@ -596,6 +603,27 @@ class ReadHandle:
                 self._size_fn = lambda: size
                 self._fill, self._fd = got
 
+    def _copy_fd(self, offset: int, size: int) -> int | None:
+        """The descriptor to read [offset, offset + size) from — a spool, a whole local
+        copy, or a copy being decoded ahead once those bytes are in it — or None: decode
+        them here through the store (a cold file not decoded ahead, or whose fill
+        failed)."""
+        if self._reader is None:
+            return self._fd
+        if self._fill_fn is not None:
+            self._start_fill(offset)
+        fd, fill = self._fd, self._fill
+        if fd is None:
+            return None
+        end = min(offset + size, self._reader.size)
+        if fill is None or offset >= end or fill.wait(offset, end):
+            return fd
+        with self._fill_lock:             # the fill failed: decode here from now on
+            if self._fd == fd:
+                self._fd, self._fill = None, None
+                self._dead_fds.append(fd)     # closed at release: others may use it
+        return None
+
     def _count_read(self, offset: int, size: int) -> None:
         """One read request (for the release's log line); the first one is logged."""
         self.nreads += 1
@@ -606,29 +634,13 @@ class ReadHandle:
 
     def readinto(self, offset: int, dest) -> int:
         self._count_read(offset, len(dest))
-        if self._fill_fn is not None:
-            self._start_fill(offset)
-        fd, fill = self._fd, self._fill
-        if fd is not None and self._reader is not None:
-            mv = memoryview(dest).cast("B")
-            end = min(offset + len(mv), self._reader.size)
-            if offset >= end:
-                return 0
-            if fill is None or fill.wait(offset, end):
-                n = os.preadv(fd, [mv[: end - offset]], offset)
-                self._check(offset, mv[:n])
-                self.nbytes += n
-                return n
-            with self._fill_lock:             # the fill failed: decode here from now on
-                if self._fd == fd:
-                    self._fd, self._fill = None, None
-                    self._dead_fds.append(fd)     # closed at release: others may use it
-        if self._reader is not None:
-            n = self._reader.readinto(offset, memoryview(dest).cast("B"))
+        mv = memoryview(dest).cast("B")
+        fd = self._copy_fd(offset, len(mv))
+        if fd is None:
+            n = self._reader.readinto(offset, mv)
         else:
-            mv = memoryview(dest).cast("B")
             want = max(0, min(len(mv), self._size_fn() - offset))
-            n = os.preadv(self._fd, [mv[:want]], offset) if want else 0
+            n = os.preadv(fd, [mv[:want]], offset) if want else 0
             self._check(offset, mv[:n])
         self.nbytes += n
         return n

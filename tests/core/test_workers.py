@@ -506,17 +506,23 @@ def test_decode_ahead_with_a_missing_pack_is_an_error_not_wrong_bytes(tmp_path):
         other.close()
 
 
-def test_decode_ahead_with_readers_on_many_threads(tmp_path):
-    """FUSE reads one handle from several threads: all of them wait on one fill and get
-    exact bytes."""
-    import threading
-    fs = make_fs(tmp_path)
+def saved_then_cold(tmp_path, **ingest):
+    """An adversarial checkpoint saved as ``ckpt.pt`` through the worker processes, and
+    a node that never saw it (its bytes, that filesystem)."""
+    fs = make_fs(tmp_path, **ingest)
     try:
         data = torch_bytes(adversarial_state(4))
         save(fs, "ckpt.pt", data)
     finally:
         fs.close()
-    other = cold_fs(tmp_path)
+    return data, cold_fs(tmp_path)
+
+
+def test_decode_ahead_with_readers_on_many_threads(tmp_path):
+    """FUSE reads one handle from several threads: all of them wait on one fill and get
+    exact bytes."""
+    import threading
+    data, other = saved_then_cold(tmp_path)
     try:
         r = other.open_read("ckpt.pt")
         size = r.size
@@ -532,6 +538,42 @@ def test_decode_ahead_with_readers_on_many_threads(tmp_path):
             [t.start() for t in ts]
             [t.join(60) for t in ts]
             assert r._fill is not None, "no decode ahead started"
+        finally:
+            r.release()
+        assert b"".join(got[o] for o in sorted(got)) == data
+    finally:
+        other.close()
+
+
+def test_read_now_serves_what_the_fill_has_landed_and_declines_the_rest(tmp_path):
+    """The mount answers a read of a cold file on its event loop once a fill has landed
+    those bytes (``read_now``): exact bytes, the same as ``read``; before the first read
+    (no fill yet) it declines, and it never waits for a batch."""
+    data, other = saved_then_cold(tmp_path, batch_bytes=2 << 20)
+    try:
+        r = other.open_read("ckpt.pt")
+        size = r.size
+        try:
+            assert r.read_now(0, 1 << 20) is None           # nothing decoded yet
+            assert r.read(size - 22, 22) == data[-22:]       # the fill starts
+            assert r._fill is not None, "no decode ahead started"
+            fill = r._fill
+            step = 1 << 20
+            got = {}
+            for off in range(0, size, step):
+                end = min(off + step, size)
+                now = r.read_now(off, step)
+                if now is None:
+                    continue
+                assert fill.has(off, end), "read_now served bytes the fill had not landed"
+                got[off] = bytes(now)
+            assert fill.wait(0, size)
+            assert r.read_now(0, step) == data[:step], \
+                "a landed range, just written, should be served without a thread"
+            for off in range(0, size, step):
+                if off not in got:
+                    now = r.read_now(off, step)
+                    got[off] = bytes(now) if now is not None else r.read(off, step)
         finally:
             r.release()
         assert b"".join(got[o] for o in sorted(got)) == data
