@@ -36,6 +36,10 @@ def init_worker(nice: int, parent: int) -> None:
             time.sleep(0.5)
         os._exit(1)
     threading.Thread(target=watch, daemon=True, name="s4fs-parent-watch").start()
+    # what a decode job needs, imported now (at the worker's low priority, while the
+    # mount starts) rather than by a fresh node's first decode ahead, which a reader
+    # waits on
+    import s4fs.read.reader  # noqa: F401
 
 
 def store_for(spec: bytes):
