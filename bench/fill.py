@@ -13,7 +13,10 @@ torch out of the way: per device it saves one checkpoint as the mount does (spoo
 worker processes; with ``--saves N`` a series, the last version a delta chain as a
 training run's is), then, ``--repeat`` times, opens it as a fresh node would (an empty
 cache dir, the page cache dropped when run as root) and reads it as ``torch.load``
-does (the tail, then the whole file in 1 MiB reads), timing until the last byte.
+does (the tail, then the whole file in 1 MiB reads into buffers allocated once, as its
+storages are), timing until the last byte. Per device a *decode alone* row gives the
+floor of that read on this machine: the same batches decoded by the same pool into a
+file, all submitted at once, with no reader.
 The state is synthetic by default, shaped like a mixed-precision checkpoint: bf16
 weights and fp32 AdamW moments (10 bytes a parameter), a tenth of the weights moved
 between versions; ``--source minilm`` (all-MiniLM-L6-v2 fine-tuned here, fp32 weights
