@@ -52,7 +52,11 @@ its fresh-node load must fetch (s4fs: the blobs of the version and of the delta 
 decodes through; the others: the file) over min(link rate, the server's GET rate), plus
 the local ``torch.load``; its *save floor*, the bytes it stores for that save over
 min(link, PUT rate) plus the local ``torch.save``. The table prints each beside the
-time measured, and the ratio.
+time measured, and the ratio. Neither counts CPU, so each fresh-node load also records
+the CPU seconds every process of the machine used meanwhile (``/proc/stat``; the S3
+server's included): over the machine's cores that is its *CPU floor*, the least the load
+could take had that work been spread over every core. A load near 1× its CPU floor was
+bound by the cores, not by the link.
 
 The server is moto, not S3: a Python server sharing the machine's cores with every tool.
 It keeps objects in its memory here (so ``drop_caches`` does not reach the server), but
@@ -608,6 +612,14 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def machine_cpu() -> float:
+    """CPU seconds every process of this machine has used since boot (the S3 server
+    on loopback included): /proc/stat's user, nice, system, irq and softirq."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()
+    return sum(int(x) for x in parts[1:4] + parts[6:8]) / os.sysconf("SC_CLK_TCK")
+
+
 def checked_load(path: str, want: dict) -> float:
     import torch
     got: list = []
@@ -651,7 +663,9 @@ def run_fuse(cls, s3: MotoServer, cks: list[dict], r: int, work: str,
             t.mount(os.path.join(base, cache))
             res["dropped"] = drop_caches()
             with Deadline(op_timeout, t.abort, f"{kind} load"):
+                c0 = machine_cpu()
                 res[kind] = checked_load(last, cks[-1])
+                res[f"{kind}_cpu"] = machine_cpu() - c0
     finally:
         t.unmount()
         s3.remove(bucket)
@@ -683,10 +697,11 @@ def run_boto3(s3: MotoServer, cks: list[dict], r: int, work: str, op_timeout: fl
         res["cold"] = checked_load(os.path.join(base, name), cks[-1])
         fresh = os.path.join(base, "fresh", name)
         res["dropped"] = drop_caches()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), machine_cpu()
         s3.client.download_file(bucket, name, fresh)
         load = checked_load(fresh, cks[-1])
         res["fresh"] = time.perf_counter() - t0
+        res["fresh_cpu"] = machine_cpu() - c0
         res["fresh_load_only"] = load
     finally:
         s3.remove(bucket)
@@ -825,9 +840,13 @@ def main(argv=None) -> int:
             save_floor = statistics.median(col("saved1")) / put_rate + local["save"]
             fresh, durable = statistics.median(col("fresh")), statistics.median(
                 col("durable1"))
+            cpu_floor = statistics.median(col("fresh_cpu")) / (os.cpu_count() or 1) \
+                if col("fresh_cpu") else 0.0
             floors.append([p, f"{statistics.median(col('needed')) / 2**20:.0f}",
                            f"{load_floor:.2f}", cell(col("fresh")),
                            f"{fresh / load_floor:.2f}×",
+                           f"{cpu_floor:.2f}" if cpu_floor else "-",
+                           f"{fresh / cpu_floor:.2f}×" if cpu_floor else "-",
                            f"{statistics.median(col('saved1')) / 2**20:.0f}",
                            f"{save_floor:.2f}", cell(col("durable1")),
                            f"{durable / save_floor:.2f}×"])
@@ -867,10 +886,14 @@ def main(argv=None) -> int:
     if floors:
         print("\nfloors (same run): load floor = MiB a fresh node must fetch ÷ min(link, "
               "server GET) + local cold torch.load; save floor = MiB stored by the 2nd "
-              "save ÷ min(link, server PUT) + local torch.save")
+              "save ÷ min(link, server PUT) + local torch.save; CPU floor = the CPU "
+              "seconds every process of this machine used during the fresh-node load "
+              "(the S3 server included) ÷ its cores: near 1× the load was bound by the "
+              "cores, not the link")
         print(table(["tool", "fetch MiB", "load floor", "fresh-node load", "÷ floor",
+                     "CPU floor", "÷ CPU floor",
                      "save MiB", "save floor", "save 2 in bucket", "÷ floor"],
-                    floors, align="lrrrrrrrr"))
+                    floors, align="lrrrrrrrrrr"))
     return 1 if any(v.startswith("FAILED") for v in why.values()) else 0
 
 
