@@ -66,6 +66,16 @@ class Store(ABC):
         overrides this (a pack is many coded chunks)."""
         self.put(key, b"".join(parts))
 
+    def replace(self, key: str, data, expected: bytes) -> bool:
+        """Store ``data`` under ``key`` only while the object there holds exactly
+        ``expected``, atomically against every other ``put`` and ``replace``: True when
+        written, False when the object changed or is gone (then nothing is written). A
+        rewrite of a committed manifest (s4fs.write.backward) must never undo a newer
+        commit of the same file. A store that cannot promise it raises
+        NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} cannot replace an object only "
+                                  f"while it is unchanged")
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""

@@ -21,7 +21,7 @@ from s4fs.errors import InvalidArgument, StoreUnavailable
 
 from .base import ObjectInfo, Store
 
-OPERATIONS = ("get", "put", "delete", "list", "head")
+OPERATIONS = ("get", "put", "delete", "list", "head", "replace")
 
 #: an exception class, an exception instance (copied on every raise), or a callable
 #: ``(op, key) -> exception``
@@ -107,6 +107,13 @@ class FailingStore(Store):
                 self.inner.put(key, data)
             raise self._error("put", key)
         self.inner.put(key, data)
+
+    def replace(self, key, data, expected: bytes) -> bool:
+        if self._should_fail("replace", key):
+            if self._applied:
+                self.inner.replace(key, data, expected)
+            raise self._error("replace", key)
+        return self.inner.replace(key, data, expected)
 
     def delete(self, key) -> None:
         if self._should_fail("delete", key):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -53,6 +54,9 @@ from .base import (
 SUFFIX = ".s4o"
 TMP_PREFIX = ".tmp-"
 LAYOUT_MARKER = ".s4fs-layout"
+# flocked by every put and delete (shared) and by ``replace`` (exclusive): one open file
+# description per call, so threads of one process exclude each other too
+WRITE_LOCK = ".s4fs-lock"
 LAYOUT_VERSION = 1
 LONG_OBJECT = ".L"
 LONG_FOLDER = ".D"
@@ -259,10 +263,43 @@ class LocalStore(Store):
             raise self._error("stat", key, exc) from None
         return ObjectInfo(key, st.st_size - skip, st.st_mtime)
 
+    @contextlib.contextmanager
+    def _writing(self, how: int):
+        fd = os.open(self.root / WRITE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, how)
+            yield
+        finally:
+            os.close(fd)                      # drops the lock
+
     def put(self, key, data) -> None:
         self.put_parts(key, [data])
 
+    def replace(self, key, data, expected: bytes) -> bool:
+        try:
+            with self._writing(fcntl.LOCK_EX):
+                try:
+                    if self.get(key) != expected:
+                        return False
+                except NotFound:
+                    return False
+                self._put_parts(key, [data])
+                return True
+        except S4Error:
+            raise
+        except OSError as exc:
+            raise self._error("write", key, exc) from None
+
     def put_parts(self, key, parts) -> None:
+        try:
+            with self._writing(fcntl.LOCK_SH):
+                self._put_parts(key, parts)
+        except S4Error:
+            raise
+        except OSError as exc:
+            raise self._error("write", key, exc) from None
+
+    def _put_parts(self, key, parts) -> None:
         try:
             rel, hashed = self._locate(key)
             if self._layout_version() >= 1:
@@ -291,7 +328,8 @@ class LocalStore(Store):
         try:
             rel, _ = self._locate(key)
             path = self.root / rel
-            path.unlink()
+            with self._writing(fcntl.LOCK_SH):
+                path.unlink()
         except S4Error:
             raise
         except (FileNotFoundError, NotADirectoryError):

@@ -490,6 +490,40 @@ class S3Store(Store):
         self._call("put", key, lambda: self._client.put_object(
             Bucket=self.bucket, Key=full, Body=body, **self._put_args))
 
+    def replace(self, key, data, expected: bytes) -> bool:
+        """S3's conditional write: the object is read with its ETag and put back with
+        ``If-Match`` that ETag, so the server refuses it (412) when anything changed
+        the object in between. (Manifests are small: one PutObject, never multipart.)"""
+        from botocore.exceptions import ClientError
+        full = self._key(key)
+
+        def fetch():
+            response = self._client.get_object(Bucket=self.bucket, Key=full)
+            body = response["Body"]
+            try:
+                return body.read(), response["ETag"]
+            finally:
+                body.close()
+        try:
+            current, etag = self._call("get", key, fetch)
+        except NotFound:
+            return False
+        if current != expected:
+            return False
+        body = bytes(data)
+
+        def put() -> bool:
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=full, Body=body,
+                                        IfMatch=etag, **self._put_args)
+                return True
+            except ClientError as exc:
+                if _client_error_code(exc) in ("PreconditionFailed",
+                                               "ConditionalRequestConflict", "NoSuchKey"):
+                    return False
+                raise
+        return self._call("put", key, put)
+
     def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
         """Upload in parts; the object appears only when the upload completes, and a
         failed upload is aborted so no parts linger (best effort: also set a bucket

@@ -358,6 +358,48 @@ def test_concurrent_puts_same_key(store):
     assert keys(store) == ["same"]
 
 
+# --- replace (a manifest rewritten only while unchanged) ---------------------------
+
+def test_replace_writes_only_over_the_expected_bytes(store):
+    store.put("m", b"old")
+    assert store.replace("m", b"new", expected=b"old") is True
+    assert store.get("m") == b"new"
+    # the object changed since it was read: refused, and the newer bytes stay
+    assert store.replace("m", b"stale rewrite", expected=b"old") is False
+    assert store.get("m") == b"new"
+
+
+def test_replace_never_brings_back_a_deleted_object(store):
+    store.put("m", b"old")
+    store.delete("m")
+    assert store.replace("m", b"new", expected=b"old") is False
+    assert keys(store) == []
+
+
+def test_replace_racing_puts_never_undoes_a_put(store):
+    """Rewrites (same content, other coding) race with commits of new versions: every
+    commit that returned is never overwritten by a rewrite of the version before it."""
+    store.put("m", b"v0")
+    stop = threading.Event()
+
+    def rewrite():
+        while not stop.is_set():
+            cur = store.get("m")
+            store.replace("m", cur + b"'", expected=cur)
+
+    t = threading.Thread(target=rewrite)
+    t.start()
+    try:
+        for i in range(1, 30):
+            store.put("m", b"v%d" % i)
+            got = store.get("m")
+            # only a rewrite of this very version may have landed since
+            assert got.rstrip(b"'") == b"v%d" % i
+    finally:
+        stop.set()
+        t.join(timeout=60)
+
+
 # --- FailingStore ------------------------------------------------------------------
 
 def test_failing_store_fails_chosen_calls(tmp_path):
