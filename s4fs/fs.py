@@ -17,6 +17,7 @@ work; it is never held while calling into a handle or the store.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -37,8 +38,8 @@ from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, N
 from s4fs.read.fetch import THREADS as FETCH_THREADS
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
-from s4fs.write import (Committer, IngestSession, Journal, RoomKeeper, State, WriteHandle,
-                        candidates, new_session)
+from s4fs.write import (Committer, IngestSession, Journal, Rewriter, RoomKeeper, State,
+                        WriteHandle, candidates, new_session)
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "State",
            "WriteHandle"]
@@ -55,6 +56,10 @@ class FsConfig:
     cache_bytes: int = 256 << 20       # decoded-chunk LRU
     metadata_ttl: float = 1.0          # how long a cached manifest/listing is trusted
     delta: bool = True                 # store checkpoints as deltas of the previous one
+    # "backward": the newest checkpoint whole, the one before re-expressed as deltas on it
+    # in the background (s4fs.write.backward); "forward": each new checkpoint a delta on
+    # the one before, within IngestConfig.max_chain_read (docs/DELTA.md)
+    delta_direction: str = "backward"
     pack_cache_bytes: int | None = 8 << 30  # local copies of the newest packs (remote
                                        # stores): at most this, and never more than half
                                        # the cache disk's room; None: auto; 0: off
@@ -172,6 +177,7 @@ class Filesystem:
         self.on_invalidate = None
         self.journal = Journal(os.path.join(self.cache_dir, "journal"))
         self.committer = Committer()
+        self.rewriter = Rewriter(self, self.cfg.ingest) if self.backward else None
         self._replay()
 
     # --- store root ------------------------------------------------------------------
@@ -211,6 +217,8 @@ class Filesystem:
         for node in pinned:
             self._unpin(node.pin)
         self.committer.close()
+        if self.rewriter is not None:
+            self.rewriter.close(self.cfg.close_sync_seconds)
         self.room.close()
         self.source.close()
         os.close(self._cache_lock)
@@ -311,8 +319,27 @@ class Filesystem:
             self._gen += 1
             self._manifests[path] = (time.monotonic(), m)
 
-    def commit(self, path: str, m: Manifest) -> None:
-        """Write ``m`` as the manifest of ``path`` (the one atomic step of a save)."""
+    @property
+    def backward(self) -> bool:
+        """Whether deltas run backward (FsConfig.delta_direction)."""
+        if self.cfg.delta_direction not in ("backward", "forward"):
+            raise InvalidArgument(f"delta_direction is 'backward' or 'forward', not "
+                                  f"{self.cfg.delta_direction!r}")
+        return self.cfg.delta and self.cfg.delta_direction == "backward"
+
+    @property
+    def save_ingest(self) -> IngestConfig:
+        """How a new version is coded: with backward deltas the newest is stored whole
+        (its unchanged chunks shared with the version before); forward, as a delta on it
+        within the chain read budget."""
+        if self.backward:
+            return dataclasses.replace(self.cfg.ingest, max_chain_read=1.0)
+        return self.cfg.ingest
+
+    def commit(self, path: str, m: Manifest, *, saved: bool = True) -> None:
+        """Write ``m`` as the manifest of ``path`` (the one atomic step of a save).
+        ``saved``: a new version (not a rename or a change of attributes): with backward
+        deltas the version it was compared with is then re-expressed against it."""
         self._ensure_parents(path)
         self.store.put(keys.file_key(path), m.to_bytes())
         self._remember(path, m)
@@ -321,6 +348,23 @@ class Filesystem:
             if node is not None and (node.readers > 0 or node.writer is not None):
                 node.version = m
                 node.changed()
+        if saved and self.rewriter is not None and m.base is not None:
+            self.rewriter.submit(path, m)
+
+    def rewritten(self, path: str, m: Manifest) -> None:
+        """(RewritePort) ``path``'s manifest was rewritten as ``m``: the same version
+        (same id, same bytes), its chunks stored otherwise."""
+        with self._lock:
+            hit = self._manifests.get(path)
+            if hit is not None and hit[1] is not None and hit[1].id == m.id:
+                self._manifests[path] = (hit[0], m)
+            node = self._nodes.get(path)
+            if node is not None and node.version is not None and node.version.id == m.id:
+                node.version = m
+
+    def settle_deltas(self, timeout: float | None = None) -> bool:
+        """Wait until the background re-expressions queued so far are done (True)."""
+        return self.rewriter.settle(timeout) if self.rewriter is not None else True
 
     def _ensure_parents(self, path: str) -> None:
         p = keys.parent(path)
@@ -527,7 +571,7 @@ class Filesystem:
         committed version until ``w`` commits."""
         m = self.manifest_or_none(old, fresh=True)
         if m is not None:
-            self.commit(new, m)
+            self.commit(new, m, saved=False)
             self.store.delete(keys.file_key(old))
         elif w is None:
             raise NotFound(f"no file {old!r}")
@@ -626,7 +670,7 @@ class Filesystem:
             if atime_ns is not None:
                 m.atime_ns = atime_ns
             m.ctime_ns = time.time_ns()
-            self.commit(path, m)
+            self.commit(path, m, saved=False)
         return self.stat(path)
 
     def statfs(self) -> dict:

@@ -227,7 +227,7 @@ class _DeviceSave:
     def __init__(self, job: _Save) -> None:
         self.job = job
         self.fs = job.fs
-        self.cfg = job.fs.cfg.ingest
+        self.cfg = job.fs.save_ingest
         self.base_info = None                   # the delta base's path and id, once chosen
 
     def manifest(self):

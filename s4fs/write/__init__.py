@@ -9,13 +9,16 @@
   :class:`PackWriter`;
 * ``bases``: the delta base of a new version (:func:`choose_base`) and the ingest that
   codes against it (:func:`new_session`);
+* ``backward``: backward deltas — the version before a new one re-expressed as deltas
+  on it in the background (:class:`Rewriter`, :func:`reexpress`);
 * ``journal`` and ``committer``: ``--writeback``'s accepted files and their background
   commits.
 
 It talks to the filesystem only through ports (:class:`WriterPort`,
-``bases.SessionPort``), never by importing ``s4fs.fs``.
+``bases.SessionPort``, ``backward.RewritePort``), never by importing ``s4fs.fs``.
 """
 
+from s4fs.write.backward import Rewriter, reexpress
 from s4fs.write.bases import candidates, choose_base, new_session
 from s4fs.write.committer import Committer
 from s4fs.write.handle import State, WriteHandle, WriterPort
@@ -24,6 +27,6 @@ from s4fs.write.journal import Entry, Journal
 from s4fs.write.room import RoomKeeper, disk_full
 from s4fs.write.spool import Spool, fresh_spool_name
 
-__all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "RoomKeeper",
+__all__ = ["Committer", "Rewriter", "reexpress", "Entry", "IngestSession", "Journal", "PackWriter", "RoomKeeper",
            "Spool", "State", "disk_full", "fresh_spool_name",
            "WriteHandle", "WriterPort", "candidates", "choose_base", "new_session"]

@@ -33,7 +33,7 @@ from s4fs.manifest import Manifest
 from s4fs.write.ingest import IngestSession
 
 if TYPE_CHECKING:
-    from s4fs.coding import Pools
+    from s4fs.coding import IngestConfig, Pools
     from s4fs.fs import FsConfig
     from s4fs.read import ChunkSource, DecodedCache, PackCache
     from s4fs.stores import Store
@@ -68,6 +68,7 @@ class SessionPort(Namespace, Protocol):
     """What :func:`new_session` needs besides: the settings, the caches, the source."""
 
     cfg: "FsConfig"                   # delta on or off, the ingest settings
+    save_ingest: "IngestConfig"       # how a new version is coded (backward: whole)
     decoded: "DecodedCache | None"    # the base's decoded copy, read instead of decoding
     pack_cache: "PackCache | None"    # keeps the packs the ingest writes
     source: "ChunkSource"             # the base's chunks, where its copy lacks them
@@ -153,7 +154,7 @@ def new_session(fs: SessionPort, path: str, previous: Manifest | None,
     base_file = None
     if base is not None and fs.decoded is not None:
         base_file = fs.decoded.path_of(base.id)
-    return IngestSession(fs.store, fs.cfg.ingest, base=base, base_path=base_path,
+    return IngestSession(fs.store, fs.save_ingest, base=base, base_path=base_path,
                          source=fs.source, on_pack=fs.pack_cache.put
                          if fs.pack_cache is not None else None,
                          spool_path=spool, base_file=base_file, label=path,

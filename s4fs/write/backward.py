@@ -1,0 +1,389 @@
+"""Backward deltas: the newest checkpoint whole, the ones before it as XOR deltas on it.
+
+A resume reads the newest checkpoint, so that one is stored whole (its chunks coded on
+their own, or shared with the version before where they did not change) and a fresh
+node restores it as fast as a file saved with deltas off. Once it is committed, the
+version it was compared with (its base, the previous checkpoint) is **re-expressed**
+in the background: each of its chunks that changed is coded as the byte-XOR against
+the newer version's chunk — XOR is symmetric, so this is the same delta a forward chain
+would have stored — and kept where that is at most ``delta_min_gain`` of the whole blob
+it replaces. The previous version then costs what changed; the newest costs what it
+always did.
+
+The steps, each leaving every version readable (a crash, a failed upload or a refused
+write at any step loses nothing: the blobs a version stops using are only left to the
+garbage collector once the manifest that no longer needs them is durable):
+
+1. the new delta blobs are uploaded (packs, durable);
+2. the previous version's manifest is rewritten with its chunks pointing at them —
+   same bytes, same version id — with :meth:`Store.replace`, which writes only while
+   the manifest is still the one read (a newer commit of that path is never undone);
+3. the older versions whose chains ran through the previous version's whole blobs
+   (found by following each manifest's ``base`` to the version before it) are
+   rewritten the same way, their deltas now on the previous version's new chunks: a
+   delta is relative to its base's bytes, not to how they are stored.
+
+Chains are bounded: a version is read through at most ``max_delta_depth`` deltas
+(``IngestConfig``, K = 4 by default). When re-expressing the previous version would take
+one of the older versions past K, the previous version stays whole instead: it becomes
+the root the older ones keep, and the next checkpoints start a new chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from s4fs import codec, keys
+from s4fs.coding import base_streams
+from s4fs.coding._bases import BaseFile, base_from_file
+from s4fs.coding._rule import guess_sizes, delta_is_tiny
+from s4fs.errors import NotFound, S4Error
+from s4fs.manifest import ChunkRef, Manifest, Stream
+from s4fs.write.ingest import PackWriter
+
+if TYPE_CHECKING:
+    from s4fs.coding import IngestConfig
+    from s4fs.read import ChunkSource, DecodedCache
+    from s4fs.stores import Store
+
+log = logging.getLogger(__name__)
+
+#: the key of ``Manifest.base`` naming the newer version this one is stored against
+NEWER = "newer"
+
+
+class RewritePort(Protocol):
+    """What a re-expression reads and tells (s4fs.fs.Filesystem is the implementation)."""
+
+    store: "Store"
+    source: "ChunkSource"             # a chunk's verified bytes, decoded from the store
+    decoded: "DecodedCache | None"    # a version's decoded copy, read instead
+
+    def rewritten(self, path: str, m: Manifest) -> None:
+        """``path``'s manifest is now ``m`` (same bytes, stored otherwise)."""
+
+
+@dataclass
+class Outcome:
+    """What one re-expression did (also what ``bench/delta.py`` reports)."""
+    path: str                         # the version re-expressed
+    why: str = ""                     # when it was left as it was: why
+    deltas: int = 0                   # its chunks now deltas on the newer version
+    shared: int = 0                   # its chunks now the newer version's own blobs
+    uploaded: int = 0                 # bytes of new delta blobs
+    freed: int = 0                    # bytes of whole blobs it no longer uses
+    repointed: list[str] = field(default_factory=list)    # older versions rewritten
+
+    @property
+    def done(self) -> bool:
+        return not self.why
+
+
+def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest) -> Outcome:
+    """Re-express the version ``new`` (just committed at ``new_path``) was compared
+    with as deltas on ``new``, then the older versions chained to it (module docstring).
+    Never raises for a version that cannot be done (it is left as it is: ``why``);
+    store errors do raise (the caller logs them; nothing was changed but new packs)."""
+    info = new.base or {}
+    old_path, old_id = info.get("path"), info.get("id")
+    out = Outcome(old_path or "")
+    if not old_path or old_path == new_path:
+        out.why = "no previous version in another file"
+        return out
+    key = keys.file_key(old_path)
+    try:
+        old_bytes = fs.store.get(key)
+    except NotFound:
+        out.why = "the previous version is gone"
+        return out
+    old = Manifest.from_bytes(old_bytes, where=f"manifest of {old_path!r}")
+    if old.id != old_id:
+        out.why = "the previous version was replaced meanwhile"
+        return out
+    if NEWER in (old.base or {}):
+        out.why = "already stored against a newer version"
+        return out
+    mine = _whole_blobs(old)
+    older = _chained(fs.store, old_path, old, set(mine))
+    deepest = max((_depth_through(m, set(mine)) for _, _, m in older), default=1)
+    if deepest > cfg.max_delta_depth:
+        out.why = (f"an older version would be read through {deepest} deltas "
+                   f"(max_delta_depth {cfg.max_delta_depth}): kept whole, as their root")
+        return out
+    mapping = _code_deltas(fs, cfg, old, new, mine, out)
+    if not mapping:
+        out.why = out.why or "no chunk is smaller as a delta"
+        return out
+    fresh = _rewrite(old, mapping)
+    fresh.base = {**(old.base or {}), NEWER: {"path": new_path, "id": new.id}}
+    used = {c.pack for s in fresh.streams for c in s.chunks}
+    fresh.own_packs = [p for p in old.own_packs if p in used] + \
+        [p for p in mapping.packs if p in used]
+    if not fs.store.replace(key, fresh.to_bytes(), old_bytes):
+        out.why = "the previous version changed meanwhile"
+        out.deltas = out.shared = 0
+        return out
+    fs.rewritten(old_path, fresh)
+    out.freed = sum(mine[k].stored for k in mapping.refs)
+    for path, data, m in older:
+        again = _rewrite(m, mapping)
+        again.base = m.base
+        if not fs.store.replace(keys.file_key(path), again.to_bytes(), data):
+            break                   # it changed: it (and those before it) keep their blobs
+        fs.rewritten(path, again)
+        out.repointed.append(path)
+    return out
+
+
+@dataclass
+class _Mapping:
+    """The previous version's whole blobs (by key) and what replaces each."""
+    refs: dict = field(default_factory=dict)         # blob key -> new ChunkRef
+    packs: list[str] = field(default_factory=list)   # packs the new deltas went to
+
+    def __bool__(self) -> bool:
+        return bool(self.refs)
+
+
+def _whole_blobs(m: Manifest) -> dict:
+    """The whole blobs a version wrote itself, by key: what re-expressing it may free."""
+    own = set(m.own_packs)
+    return {c.key(): c for s in m.streams for c in s.chunks
+            if c.base is None and c.pack in own}
+
+
+def _chained(store: "Store", path: str, m: Manifest, blobs: set) -> list:
+    """The older versions whose chunks (or chains) use ``blobs``: ``m``'s base, its base,
+    ... — ``(path, manifest bytes, manifest)``, newest first — while each is still the
+    version its successor recorded, and uses them."""
+    out, seen, info = [], {path}, m.base or {}
+    while info.get("path") and info["path"] not in seen:
+        p = info["path"]
+        seen.add(p)
+        try:
+            data = store.get(keys.file_key(p))
+        except NotFound:
+            break
+        older = Manifest.from_bytes(data, where=f"manifest of {p!r}")
+        if older.id != info.get("id") or not _depth_through(older, blobs):
+            break
+        out.append((p, data, older))
+        info = older.base or {}
+    return out
+
+
+def _depth_through(m: Manifest, blobs: set) -> int:
+    """The depth the deepest chunk of ``m`` whose chain ends in one of ``blobs`` would
+    have once those blobs are deltas themselves (its depth + 1); 0 when none does."""
+    deepest = 0
+    for s in m.streams:
+        for c in s.chunks:
+            r = c
+            while r.base is not None:
+                r = r.base
+            if r.key() in blobs:
+                deepest = max(deepest, c.depth + 1)
+    return deepest
+
+
+def _code_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
+                 mine: dict, out: Outcome) -> _Mapping:
+    """Code each whole blob of ``old`` that has a counterpart in ``new`` (same record,
+    dtype and size) as its XOR with it, and keep those that pay."""
+    pairs = []
+    theirs = base_streams(new)
+    for s in old.streams:
+        t = theirs.get((s.name, s.dtype, s.length)) if s.kind == "tensor" else None
+        if t is None or len(t.chunks) != len(s.chunks):
+            continue
+        for i, (a, b) in enumerate(zip(s.chunks, t.chunks)):
+            if a.key() in mine and a.key() != b.key() and b.base is None and a.raw == b.raw:
+                pairs.append((s, i, t, a, b))
+    mapping = _Mapping()
+    if not pairs:
+        return mapping
+    old_file, new_file = _copy(fs, old), _copy(fs, new)
+    packs = PackWriter(fs.store, cfg, uploads=1)
+    try:
+        for s, i, t, a, b in pairs:
+            got = _one(fs, cfg, s.dtype, (old_file, s, i, a), (new_file, t, i, b))
+            if got is None:
+                continue
+            if got == b"":
+                mapping.refs[a.key()] = b
+                out.shared += 1
+                continue
+            pack, off = packs.add(got)
+            mapping.refs[a.key()] = ChunkRef(pack, off, len(got), a.raw, a.checksum, 1, b)
+            out.deltas += 1
+            out.uploaded += len(got)
+        packs.finish()
+    except BaseException:
+        packs.abandon()
+        raise
+    finally:
+        for f in (old_file, new_file):
+            if f[0] is not None:
+                os.close(f[0])
+    mapping.packs = list(packs.keys)
+    return mapping
+
+
+def _copy(fs: RewritePort, m: Manifest):
+    """(descriptor, BaseFile) of ``m``'s decoded copy on local disk, or (None, None)."""
+    path = fs.decoded.path_of(m.id) if fs.decoded is not None else None
+    if path is None:
+        return None, None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC), BaseFile(m, path)
+    except OSError:
+        return None, None
+
+
+def _bytes(fs: RewritePort, where) -> bytes:
+    """The verified raw bytes of one chunk: from its version's decoded copy when it holds
+    them intact, else decoded from the store."""
+    (fd, located), stream, i, ref = where
+    if fd is not None:
+        data = base_from_file(fd, located.range_of(stream, i), ref)
+        if data is not None:
+            return data
+    return fs.source.get(ref)
+
+
+def _one(fs: RewritePort, cfg: "IngestConfig", dtype: str, old, new) -> bytes | None:
+    """The delta blob of one chunk of the previous version on its newer counterpart;
+    ``b""`` when the two are the same bytes; None when the delta does not pay."""
+    a, b = old[3], new[3]
+    raw, base = _bytes(fs, old), _bytes(fs, new)
+    if a.checksum == b.checksum and raw == base:
+        return b""
+    budget = cfg.delta_min_gain * a.stored
+    guess = guess_sizes(raw, dtype, base)
+    if guess is not None and guess[0] > budget:
+        return None                             # the sample says it will not pay
+    blob = codec.compress(raw, dtype, base=base, device="cpu", checksum=a.checksum,
+                          base_checksum=b.checksum)
+    if len(blob) <= budget or delta_is_tiny(len(blob), a.raw) and len(blob) < a.stored:
+        return blob
+    return None
+
+
+def _rewrite(m: Manifest, mapping: _Mapping) -> Manifest:
+    """``m`` with every use of a replaced blob (a chunk, or a link of a chain) pointing
+    at what replaces it: the same bytes, stored otherwise."""
+    memo: dict = {}
+
+    def repoint(ref: ChunkRef) -> ChunkRef:
+        k = ref.key()
+        if k in mapping.refs:
+            return mapping.refs[k]
+        if ref.base is None:
+            return ref
+        if k not in memo:
+            base = repoint(ref.base)
+            memo[k] = ref if base is ref.base else dataclasses.replace(
+                ref, depth=base.depth + 1, base=base)
+        return memo[k]
+
+    streams = [Stream(s.kind, s.dtype, s.name, [repoint(c) for c in s.chunks])
+               for s in m.streams]
+    return dataclasses.replace(m, streams=streams, _ext_starts=None)
+
+
+class Rewriter:
+    """The filesystem's one background thread of re-expressions, in commit order, at
+    the coding workers' low priority (``IngestConfig.nice``): a save never waits for it.
+    ``settle`` waits for what was queued (tests, benchmarks, ``close``)."""
+
+    def __init__(self, fs: RewritePort, cfg: "IngestConfig") -> None:
+        self._fs, self._cfg = fs, cfg
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, Manifest]] = []
+        self._busy = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.outcomes: list[Outcome] = []          # the latest ones, for status and bench
+
+    def submit(self, path: str, m: Manifest) -> None:
+        with self._cond:
+            if self._stop:
+                return
+            self._queue.append((path, m))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="s4fs-backward-deltas")
+                self._thread.start()
+            self._cond.notify_all()
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is queued or running (True), at most ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self, timeout: float) -> None:
+        """Finish what is queued, for at most ``timeout`` s; what is left then stays as
+        it is (whole: readable, only larger)."""
+        self.settle(timeout)
+        with self._cond:
+            self._stop = True
+            dropped, self._queue = self._queue, []
+            self._cond.notify_all()
+        if dropped:
+            log.info("unmounting: %d previous version(s) stay whole (not re-expressed as "
+                     "deltas on their successors in time)", len(dropped))
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, timeout))
+
+    def _loop(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._cfg.nice)
+        except (OSError, AttributeError):
+            pass
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                path, m = self._queue.pop(0)
+                self._busy = True
+            try:
+                self._one(path, m)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _one(self, path: str, m: Manifest) -> None:
+        started = time.monotonic()
+        try:
+            out = reexpress(self._fs, self._cfg, path, m)
+        except (S4Error, OSError) as exc:
+            log.warning("could not store the version before %s as deltas on it (%s); it "
+                        "stays whole", path, exc)
+            return
+        except Exception:
+            log.exception("internal error re-expressing the version before %s; it stays "
+                          "whole (please report this)", path)
+            return
+        self.outcomes = (self.outcomes + [out])[-16:]
+        if out.done:
+            log.info("%s: stored as deltas on %s (%d deltas, %d shared chunks, %d bytes "
+                     "uploaded, %d freed; %d older versions repointed) in %.2f s",
+                     out.path, path, out.deltas, out.shared, out.uploaded, out.freed,
+                     len(out.repointed), time.monotonic() - started)
+        else:
+            log.debug("%s stays as it is: %s", out.path or "(none)", out.why)
