@@ -78,6 +78,9 @@ class Outcome:
     shared: int = 0                   # its chunks now the newer version's own blobs
     uploaded: int = 0                 # bytes of new delta blobs
     freed: int = 0                    # bytes of whole blobs it no longer uses
+    moved: int = 0                    # bytes of blobs still in use moved out of packs
+                                      # the deltas left mostly dead (the collector frees
+                                      # whole packs)
     repointed: list[str] = field(default_factory=list)    # older versions rewritten
 
     @property
@@ -116,10 +119,22 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         out.why = (f"an older version would be read through {deepest} deltas "
                    f"(max_delta_depth {cfg.max_delta_depth}): kept whole, as their root")
         return out
-    mapping = _code_deltas(fs, cfg, old, new, mine, out)
-    if not mapping:
-        out.why = out.why or "no chunk is smaller as a delta"
-        return out
+    packs = PackWriter(fs.store, cfg, uploads=1)
+    try:
+        mapping = _code_deltas(fs, cfg, old, new, mine, packs, out)
+        if not mapping:
+            packs.abandon()
+            out.why = out.why or "no chunk is smaller as a delta"
+            return out
+        # the newest version, when it shares blobs of the previous one's packs
+        newest = _current(fs.store, new_path, new)
+        _compact(fs.store, old, [m for _, _, m in older] + ([newest[1]] if newest else []),
+                 mapping, packs, out)
+        packs.finish()
+    except BaseException:
+        packs.abandon()
+        raise
+    mapping.packs = list(packs.keys)
     fresh = _rewrite(old, mapping)
     fresh.base = {**(old.base or {}), NEWER: {"path": new_path, "id": new.id}}
     used = {c.pack for s in fresh.streams for c in s.chunks}
@@ -127,11 +142,12 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         [p for p in mapping.packs if p in used]
     if not fs.store.replace(key, fresh.to_bytes(), old_bytes):
         out.why = "the previous version changed meanwhile"
-        out.deltas = out.shared = 0
+        out.deltas = out.shared = out.moved = 0
         return out
     fs.rewritten(old_path, fresh)
-    out.freed = sum(mine[k].stored for k in mapping.refs)
-    for path, data, m in older:
+    out.freed = sum(mine[k].stored for k in mapping.refs if k in mine)
+    later = [(new_path, *newest)] if newest and _uses(newest[1], mapping) else []
+    for path, data, m in later + older:
         again = _rewrite(m, mapping)
         again.base = m.base
         if not fs.store.replace(keys.file_key(path), again.to_bytes(), data):
@@ -139,6 +155,28 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         fs.rewritten(path, again)
         out.repointed.append(path)
     return out
+
+
+def _current(store: "Store", path: str, m: Manifest):
+    """(manifest bytes, manifest) of ``path`` while it is still version ``m``, or None."""
+    try:
+        data = store.get(keys.file_key(path))
+    except NotFound:
+        return None
+    now = Manifest.from_bytes(data, where=f"manifest of {path!r}")
+    return (data, now) if now.id == m.id else None
+
+
+def _uses(m: Manifest, mapping: "_Mapping") -> bool:
+    """Whether ``m`` uses (in a chunk or a chain) a blob ``mapping`` replaces."""
+    for s in m.streams:
+        for c in s.chunks:
+            r = c
+            while r is not None:
+                if r.key() in mapping.refs:
+                    return True
+                r = r.base
+    return False
 
 
 @dataclass
@@ -193,9 +231,9 @@ def _depth_through(m: Manifest, blobs: set) -> int:
 
 
 def _code_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
-                 mine: dict, out: Outcome) -> _Mapping:
+                 mine: dict, packs: PackWriter, out: Outcome) -> _Mapping:
     """Code each whole blob of ``old`` that has a counterpart in ``new`` (same record,
-    dtype and size) as its XOR with it, and keep those that pay."""
+    dtype and size) as its XOR with it, and keep those that pay (added to ``packs``)."""
     pairs = []
     theirs = base_streams(new)
     for s in old.streams:
@@ -209,7 +247,6 @@ def _code_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manif
     if not pairs:
         return mapping
     old_file, new_file = _copy(fs, old), _copy(fs, new)
-    packs = PackWriter(fs.store, cfg, uploads=1)
     try:
         for s, i, t, a, b in pairs:
             got = _one(fs, cfg, s.dtype, (old_file, s, i, a), (new_file, t, i, b))
@@ -223,16 +260,63 @@ def _code_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manif
             mapping.refs[a.key()] = ChunkRef(pack, off, len(got), a.raw, a.checksum, 1, b)
             out.deltas += 1
             out.uploaded += len(got)
-        packs.finish()
-    except BaseException:
-        packs.abandon()
-        raise
     finally:
         for f in (old_file, new_file):
             if f[0] is not None:
                 os.close(f[0])
-    mapping.packs = list(packs.keys)
     return mapping
+
+
+#: a pack is compacted (its blobs in use moved out) when its dead bytes are at least
+#: this share of the bytes to move: at most 4 bytes uploaded per byte freed
+COMPACT_RATIO = 0.25
+
+
+def _compact(store: "Store", old: Manifest, others: list, mapping: _Mapping,
+             packs: PackWriter, out: Outcome) -> None:
+    """Move the blobs still in use out of each of ``old``'s packs the deltas leave partly
+    dead (``COMPACT_RATIO``), so that the collector can free the whole pack (it frees
+    packs, not blobs). In use:
+    by ``old`` itself (its chunks that stay whole), by ``others`` (the newest version's
+    shared chunks, the older versions' chains)."""
+    own = set(old.own_packs)
+    blobs: dict = {}                       # key -> ref, every blob of old's packs
+    live: set = set()
+
+    def walk(ref: ChunkRef, keep: bool) -> None:
+        while ref is not None:
+            k = ref.key()
+            if ref.pack in own:
+                blobs.setdefault(k, ref)
+                if keep and k not in mapping.refs:
+                    live.add(k)
+            ref = ref.base
+    for m in [old, *others]:
+        for s in m.streams:
+            for c in s.chunks:
+                walk(c, True)
+    for ref in mapping.refs.values():       # the chains of what replaces them
+        walk(ref, True)
+    per_pack: dict = {}
+    for k, ref in blobs.items():
+        dead, keep = per_pack.setdefault(ref.pack, [0, []])
+        if k in live:
+            keep.append(ref)
+        else:
+            per_pack[ref.pack][0] += ref.stored
+    for pack, (dead, keep) in per_pack.items():
+        moving = sum(r.stored for r in keep)
+        if not dead or not keep or dead < COMPACT_RATIO * moving:
+            continue
+        keep.sort(key=lambda r: r.offset)
+        lo, hi = keep[0].offset, keep[-1].offset + keep[-1].stored
+        data = store.get(pack, lo, hi)     # one ranged read over the blobs kept
+        for r in keep:
+            blob = data[r.offset - lo: r.offset - lo + r.stored]
+            p, off = packs.add(blob)
+            # the same blob elsewhere: same bytes, same checksum, same base
+            mapping.refs[r.key()] = dataclasses.replace(r, pack=p, offset=off)
+            out.moved += len(blob)
 
 
 def _copy(fs: RewritePort, m: Manifest):
@@ -282,14 +366,11 @@ def _rewrite(m: Manifest, mapping: _Mapping) -> Manifest:
 
     def repoint(ref: ChunkRef) -> ChunkRef:
         k = ref.key()
-        if k in mapping.refs:
-            return mapping.refs[k]
-        if ref.base is None:
-            return ref
         if k not in memo:
-            base = repoint(ref.base)
-            memo[k] = ref if base is ref.base else dataclasses.replace(
-                ref, depth=base.depth + 1, base=base)
+            now = mapping.refs.get(k, ref)      # moved or replaced, or as it was
+            base = repoint(now.base) if now.base is not None else None
+            memo[k] = now if base is now.base else dataclasses.replace(
+                now, depth=base.depth + 1, base=base)
         return memo[k]
 
     streams = [Stream(s.kind, s.dtype, s.name, [repoint(c) for c in s.chunks])
@@ -382,8 +463,9 @@ class Rewriter:
         self.outcomes = (self.outcomes + [out])[-16:]
         if out.done:
             log.info("%s: stored as deltas on %s (%d deltas, %d shared chunks, %d bytes "
-                     "uploaded, %d freed; %d older versions repointed) in %.2f s",
-                     out.path, path, out.deltas, out.shared, out.uploaded, out.freed,
+                     "uploaded, %d freed, %d moved out of packs left mostly dead; %d other "
+                     "versions repointed) in %.2f s",
+                     out.path, path, out.deltas, out.shared, out.uploaded, out.freed, out.moved,
                      len(out.repointed), time.monotonic() - started)
         else:
             log.debug("%s stays as it is: %s", out.path or "(none)", out.why)
