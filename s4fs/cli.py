@@ -47,6 +47,8 @@ def _fs_config(args):
         ingest = dataclasses.replace(ingest, max_chain_read=chain)
     return FsConfig(ingest=ingest,
                     delta=not getattr(args, "no_delta", False),
+                    delta_direction="forward" if getattr(args, "forward_deltas", False)
+                    else "backward",
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     code_while_written=bool(getattr(args, "code_while_written", False)),
@@ -109,6 +111,8 @@ def cmd_mount(args) -> int:
             argv.append("--passthrough" if args.passthrough == "on" else "--no-passthrough")
         if args.no_delta:
             argv.append("--no-delta")
+        if args.forward_deltas:
+            argv.append("--forward-deltas")
         if args.max_chain_read is not None:
             argv += ["--max-chain-read", repr(args.max_chain_read)]
         if args.cache_size is not None:
@@ -347,6 +351,10 @@ def cmd_stat(args) -> int:
         return 0
     print(f"{r['path']}: {r['kind']}, {r['logical']} bytes logical, {r['stored']} stored "
           f"({100 * r['ratio']:.1f}%)")
+    how = {"backward": f"as deltas on the newer {r['newer']} (backward)",
+           "forward": f"as deltas on {r['base']} (forward)",
+           "whole": "whole"}[r["direction"]]
+    print(f"  stored {how}, read through at most {r['chain_depth']} deltas")
     print(f"  delta base: {r['base'] or '-'}   chain depth: {r['chain_depth']}   "
           f"stored as delta: {r['stored_delta']}   full: {r['stored_full']}   "
           f"unchanged (reused): {r['unchanged_bytes']}")
@@ -493,8 +501,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-delta", action="store_true",
                    help="store every file whole, never as a delta of the previous "
                         "checkpoint (each stands alone; more bytes stored)")
+    m.add_argument("--forward-deltas", action="store_true",
+                   help="store each new checkpoint as a delta of the one before (the chain "
+                        "read budget, --max-chain-read, bounds what a fresh node reads). "
+                        "Default: backward deltas — the newest checkpoint whole, the one "
+                        "before re-expressed as deltas on it in the background "
+                        "(docs/DELTA.md)")
     m.add_argument("--max-chain-read", type=_chain_factor, metavar="X",
-                   help="a checkpoint is stored as a delta of the one before only while "
+                   help="with --forward-deltas, a checkpoint is stored as a delta of the "
+                        "one before only while "
                         "the chunk's delta chain holds at most X times the bytes of its "
                         "last whole copy: what a fresh node fetches and decodes to load "
                         "it (default 1.25; 1 stores every change whole, larger values "
@@ -599,14 +614,15 @@ def main(argv: list[str] | None = None) -> int:
 # mount(8) options without a value, as the mount's flags
 _FLAG_OPTIONS = {"writeback": "--writeback", "passthrough": "--passthrough",
                  "nopassthrough": "--no-passthrough", "nodelta": "--no-delta",
+                 "forward_deltas": "--forward-deltas",
                  "code_while_written": "--code-while-written"}
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
     and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
-    code_while_written, passthrough, nopassthrough, nodelta, cache_size=N, workers=N,
-    max_chain_read=X, uid=N, gid=N; generic
+    code_while_written, passthrough, nopassthrough, nodelta, forward_deltas,
+    cache_size=N, workers=N, max_chain_read=X, uid=N, gid=N; generic
     mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2:

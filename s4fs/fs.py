@@ -268,10 +268,16 @@ class Filesystem:
         return [self._pending_info(w, None) for w in self.committer.pending()]
 
     def sync(self, timeout: float | None = None) -> list[dict]:
-        """Wait for every pending commit; returns the files that could not be committed
-        (each failed at least once during the wait), empty when all are in the store."""
-        return [self._pending_info(w, "still committing")
-                for w in self.committer.sync(timeout)]
+        """Wait for every pending commit, then for the re-expressions of previous
+        versions as deltas they queued (backward deltas); returns the files that could
+        not be committed (each failed at least once during the wait), empty when all are
+        in the store."""
+        started = time.monotonic()
+        failed = [self._pending_info(w, "still committing")
+                  for w in self.committer.sync(timeout)]
+        self.settle_deltas(None if timeout is None else
+                           max(0.0, timeout - (time.monotonic() - started)))
+        return failed
 
     def make_room(self, nbytes: int) -> bool:
         """The cache disk is full: the caches give space back (spools come first)."""

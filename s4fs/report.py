@@ -62,9 +62,15 @@ def file_report(fs, rel: str) -> dict:
                for s in m.streams if s.kind == "tensor"]
     split = stored_split(m)
     stored = m.stored_bytes()
+    newer = (m.base or {}).get("newer")
+    # backward: its chunks are deltas on a newer version (re-expressed after that one
+    # was saved); forward: deltas on the one it was saved after; whole: neither
+    direction = "backward" if newer else ("forward" if split["chain_depth"] else "whole")
     return {"path": rel, "logical": m.size, "stored": stored,
             "ratio": stored / m.size if m.size else 0.0, "kind": m.kind,
-            "base": (m.base or {}).get("path"), "chain_depth": split["chain_depth"],
+            "base": (m.base or {}).get("path"), "direction": direction,
+            "newer": newer.get("path") if newer else None,
+            "chain_depth": split["chain_depth"],
             "stored_delta": split["stored_delta"], "stored_full": split["stored_full"],
             "unchanged_bytes": split["unchanged"], "read_cold": split["read_cold"],
             "tensors": tensors, "xxh128": m.xxh128,

@@ -73,8 +73,11 @@ def series(n=5, size=1 << 18, seed=0):
     return [tbytes(o) for o in out]
 
 
-def make_fs(root, **ingest):
-    cfg = FsConfig(ingest=IngestConfig(chunk_size=1 << 16, **ingest))
+def make_fs(root, direction="forward", **ingest):
+    """Forward deltas unless told (these tests are about forward chains and the rule;
+    backward deltas: tests/core/test_backward.py)."""
+    cfg = FsConfig(ingest=IngestConfig(chunk_size=1 << 16, **ingest),
+                   delta_direction=direction)
     return Filesystem(LocalStore(root), cfg)
 
 
@@ -323,8 +326,9 @@ def test_real_finetuning_series_api(tmp_path):
 @pytest.mark.fuse
 def test_real_series_through_the_mount(mount_factory, tmp_path):
     from s4fs.testing.minilm import finetune
-    # dense fine-tuning deltas are too large for the default read budget: allow them
-    m = mount_factory(extra=["--max-chain-read", "4"])
+    # forward chains: dense fine-tuning deltas are too large for the default read
+    # budget, allow them (backward deltas through the mount: tests/core/test_backward.py)
+    m = mount_factory(extra=["--forward-deltas", "--max-chain-read", "4"])
     run = os.path.join(m.path, "run")
     os.mkdir(run)
     twins = tmp_path / "twins"
