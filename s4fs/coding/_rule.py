@@ -116,6 +116,26 @@ def guess_sizes(data, dtype: str, base_raw) -> tuple[int, int | None] | None:
                            * scale)
 
 
+def code_again(data, dtype: str, checksum: int, base_raw, base_checksum: int,
+               whole: int, cfg: IngestConfig) -> bytes | None:
+    """The chunk rule for a chunk already stored whole in ``whole`` bytes, coded again
+    as a delta on ``base_raw`` (backward deltas, s4fs.write.backward): ``b""`` when the
+    two are the same bytes, the delta blob when it is at most ``cfg.delta_min_gain`` of
+    the whole one (or tiny and smaller), None when it does not pay. On the CPU (its
+    blobs then decode anywhere); a sample decides first whether coding it can pay."""
+    if checksum == base_checksum and data == base_raw:
+        return b""
+    budget = cfg.delta_min_gain * whole
+    guess = guess_sizes(data, dtype, base_raw)
+    if guess is not None and guess[0] > budget:
+        return None
+    blob = codec.compress(data, dtype, base=base_raw, device="cpu", checksum=checksum,
+                          base_checksum=base_checksum)
+    if len(blob) <= budget or (delta_is_tiny(len(blob), len(data)) and len(blob) < whole):
+        return blob
+    return None
+
+
 def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
                  cfg: IngestConfig, device: str | None = None) -> tuple:
     """:func:`code_chunk`'s choice as ``(blob | None, base ref | None, checksum, raw

@@ -39,10 +39,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from s4fs import codec, keys
-from s4fs.coding import base_streams
-from s4fs.coding._bases import BaseFile, base_from_file
-from s4fs.coding._rule import guess_sizes, delta_is_tiny
+from s4fs import keys
+from s4fs.coding import (BaseFile, base_from_file, base_streams, code_again,
+                         lower_priority)
 from s4fs.errors import NotFound, S4Error
 from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.write.ingest import PackWriter
@@ -345,18 +344,8 @@ def _one(fs: RewritePort, cfg: "IngestConfig", dtype: str, old, new) -> bytes | 
     """The delta blob of one chunk of the previous version on its newer counterpart;
     ``b""`` when the two are the same bytes; None when the delta does not pay."""
     a, b = old[3], new[3]
-    raw, base = _bytes(fs, old), _bytes(fs, new)
-    if a.checksum == b.checksum and raw == base:
-        return b""
-    budget = cfg.delta_min_gain * a.stored
-    guess = guess_sizes(raw, dtype, base)
-    if guess is not None and guess[0] > budget:
-        return None                             # the sample says it will not pay
-    blob = codec.compress(raw, dtype, base=base, device="cpu", checksum=a.checksum,
-                          base_checksum=b.checksum)
-    if len(blob) <= budget or delta_is_tiny(len(blob), a.raw) and len(blob) < a.stored:
-        return blob
-    return None
+    return code_again(_bytes(fs, old), dtype, a.checksum, _bytes(fs, new), b.checksum,
+                      a.stored, cfg)
 
 
 def _rewrite(m: Manifest, mapping: _Mapping) -> Manifest:
@@ -429,10 +418,7 @@ class Rewriter:
             self._thread.join(timeout=max(1.0, timeout))
 
     def _loop(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._cfg.nice)
-        except (OSError, AttributeError):
-            pass
+        lower_priority(self._cfg.nice)
         while True:
             with self._cond:
                 while not self._queue and not self._stop:

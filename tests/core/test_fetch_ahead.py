@@ -62,7 +62,8 @@ def series_state(sd: dict, steps: int):
 def stored(tmp_path, steps: int = 2):
     """A delta series saved to a local store; the last version's bytes and manifest."""
     fs = Filesystem(LocalStore(str(tmp_path / "store")),
-                    FsConfig(ingest=ingest(), cache_dir=str(tmp_path / "cache")))
+                    FsConfig(ingest=ingest(), cache_dir=str(tmp_path / "cache"),
+                             delta_direction="forward"))    # chains in the newest
     try:
         for data in series_state(adversarial_state(5), steps):
             m = save(fs, "ckpt.pt", data)

@@ -92,7 +92,8 @@ def test_a_damaged_byte_in_a_run_is_an_error(tmp_path):
 def test_the_delta_bases_of_a_batch_come_in_the_same_runs(tmp_path):
     g = torch.Generator().manual_seed(3)
     sd = {f"w{i}": torch.randn(1 << 20, generator=g) for i in range(6)}
-    fs = Filesystem(LocalStore(str(tmp_path / "store")), FsConfig(decoded_cache_bytes=0))
+    fs = Filesystem(LocalStore(str(tmp_path / "store")),        # forward: chains to fetch
+                    FsConfig(decoded_cache_bytes=0, delta_direction="forward"))
     try:
         for step in range(2):
             if step:

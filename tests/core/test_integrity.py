@@ -104,7 +104,7 @@ def write_store(root, n: int = 2 << 20, chunk_size: int = 1 << 19):
     """A store holding run/ckpt_0.pt and run/ckpt_1.pt (a delta of it); returns the
     bytes of run/ckpt_1.pt."""
     data = checkpoints(n)
-    fs = make_fs(LocalStore(root), chunk_size)
+    fs = make_fs(LocalStore(root), chunk_size, delta_direction="forward")
     fs.mkdir("run")
     for i, d in enumerate(data):
         put(fs, f"run/ckpt_{i}.pt", d)

@@ -332,7 +332,8 @@ def test_delta_base_comes_from_the_small_cache(small_disk, make_s3_store, tmp_pa
         torch.save({"w": torch.from_numpy(w.copy())}, b)
         saves.append(b.getvalue())
     store = make_s3_store()
-    fs = Filesystem(store, FsConfig(cache_dir=str(tmp_path / "cache")))
+    fs = Filesystem(store, FsConfig(cache_dir=str(tmp_path / "cache"),
+                                    delta_direction="forward"))   # the base read at save
     try:
         fs.pack_cache = fs.source.blob_cache = PackCache(os.path.join(small_disk, "packs"))
         fs.mkdir("run")
