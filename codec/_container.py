@@ -7,7 +7,11 @@ Layout (little endian)::
     5   1  format minor (additions older readers may ignore)
     6   1  dtype code (s4fs.codec._dtypes)
     7   1  flags: bit 0 = delta (payload is the byte-XOR with a base),
-                  bit 1 = zero blocks (all-zero blocks of the chunk are not stored)
+                  bit 1 = zero blocks (all-zero blocks of the chunk are not stored),
+                  bit 2 = difference (with bit 0: the payload is not the XOR but the
+                          zigzag-coded integer difference of the words with the base's,
+                          words of the dtype's item size (8 bytes for wider ones),
+                          little endian, wrapping; bytes past the last word XOR-ed)
     8   1  layout (s4fs.codec._planes)
     9   1  number of planes
     10  8  xxh3-64 of the original bytes
@@ -37,11 +41,12 @@ from s4fs.errors import FormatError, UnsupportedVersionError
 
 MAGIC = b"S4CK"
 MAJOR = 1
-MINOR = 2               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
-                        # 2: zero blocks
+MINOR = 3               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
+                        # 2: zero blocks; 3: difference deltas
 FLAG_DELTA = 1
 FLAG_ZERO_BLOCKS = 2
-KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS
+FLAG_DIFF = 4
+KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS | FLAG_DIFF
 MIN_BLOCK_LOG2, MAX_BLOCK_LOG2 = 12, 30
 
 _FIXED = struct.Struct("<4sBBBBBBQ")
@@ -72,6 +77,11 @@ class Header:
     @property
     def delta(self) -> bool:
         return bool(self.flags & FLAG_DELTA)
+
+    @property
+    def diff(self) -> bool:
+        """A delta whose payload is the words' difference with the base, not the XOR."""
+        return bool(self.flags & FLAG_DIFF)
 
     @property
     def coded_len(self) -> int:
@@ -242,6 +252,8 @@ def header(dtype_code: int, flags: int, layout: int, checksum: int,
         raise ValueError("the zero-blocks flag and the keep map go together")
     if flags & FLAG_ZERO_BLOCKS and flags & FLAG_DELTA:
         raise ValueError("a delta chunk cannot leave out zero blocks")
+    if flags & FLAG_DIFF and not flags & FLAG_DELTA:
+        raise ValueError("the difference flag needs the delta flag")
     head = bytearray(_FIXED.pack(MAGIC, MAJOR, MINOR, dtype_code, flags, layout,
                                  len(planes), checksum))
     if flags & FLAG_DELTA:
@@ -288,6 +300,9 @@ def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
         raise UnsupportedVersionError(
             f"chunk sets flags 0x{flags:02x} that this s4fs does not know; upgrade s4fs "
             f"to read it (or the blob is corrupt)")
+    if flags & FLAG_DIFF and not flags & FLAG_DELTA:
+        raise FormatError("blob sets the difference flag without the delta flag, which no "
+                          "writer does; the blob is corrupt")
     pos = _FIXED.size
     base_checksum = None
     if flags & FLAG_DELTA:
@@ -483,6 +498,10 @@ class Headers:
         return (self.flags & FLAG_DELTA) != 0
 
     @property
+    def diff(self):
+        return (self.flags & FLAG_DIFF) != 0
+
+    @property
     def zero_blocks(self):
         return self.block_log2 > 0
 
@@ -522,6 +541,7 @@ def unpack_many(buf, starts, totals, avail=None):
     bad |= (major != MAJOR) | ((flags & ~KNOWN_FLAGS) != 0)
     checksum = u64le(s + 10)
     delta = (flags & FLAG_DELTA) != 0
+    bad |= ((flags & FLAG_DIFF) != 0) & ~delta
     base = np.where(delta, u64le(s + 18), np.uint64(0))
     pos = s + 18 + 8 * delta
     def varint(pos, width=5):

@@ -15,7 +15,7 @@ from . import _container as C
 from . import _device
 from . import _plane_codecs as P
 from . import _planes
-from ._buffers import as_bytes, checksum, xor
+from ._buffers import as_bytes, checksum, undiff, xor
 from ._cpu import DEFAULT_CPU, CpuProfile, compress_cpu, decode_cpu
 from ._dtypes import BY_CODE, from_code, lookup
 
@@ -25,13 +25,15 @@ __all__ = ["compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "as_by
 
 def compress(data, dtype="bytes", *, base=None, device: str = "auto",
              profile: CpuProfile | None = None, checksum: int | None = None,
-             base_checksum: int | None = None) -> bytes:
+             base_checksum: int | None = None, transform: str = "xor") -> bytes:
     """Compress ``data`` (bytes-like, NumPy array or torch tensor) losslessly.
 
     ``dtype`` names how to read the bytes (a torch dtype name, or ``"bytes"``); it only
     affects the ratio, never correctness: any bytes round-trip under any dtype.
     ``base``, when given, is a buffer of the same length; the blob then stores the
-    byte-XOR with it and needs the same base to decode.
+    byte-XOR with it (``transform="xor"``) or the zigzag-coded difference of the words
+    (``"diff"``, words of the dtype's item size; coded on the CPU) and needs the same
+    base to decode.
     ``device`` is ``"auto"`` (GPU when CUDA and nvCOMP are available), ``"cpu"`` or
     ``"cuda"``.
     ``checksum`` / ``base_checksum``: :func:`checksum` of ``data`` / ``base`` where the
@@ -40,6 +42,11 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     restores, and the base it is given, against them and raises.
     """
     dt = lookup(dtype)
+    if transform not in ("xor", "diff"):
+        raise ValueError(f"transform is 'xor' or 'diff', not {transform!r}")
+    if transform == "diff" and base is not None:
+        return compress_cpu(as_bytes(data), dt, base=base, profile=profile or DEFAULT_CPU,
+                            data_sum=checksum, base_sum=base_checksum, transform="diff")
     if _device.use_gpu(device, data):
         from . import gpu
         return _device.on_gpu_thread(gpu.compress, data, dt, base=base, profile=profile)
@@ -87,7 +94,8 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
     else:
         out = decode_cpu(blob, head, dt)
     if base_view is not None:
-        out = xor(out, base_view).tobytes()
+        out = (undiff(out, base_view, dt.itemsize) if head.diff
+               else xor(out, base_view)).tobytes()
     if checksum(out) != head.checksum:
         raise ChecksumError(
             "chunk checksum mismatch: the stored bytes are corrupt; restore this file from "

@@ -16,7 +16,7 @@ from s4fs.errors import CodecError
 from . import _container as C
 from . import _plane_codecs as P
 from . import _planes, _zstd_seq
-from ._buffers import as_bytes, checksum, xor
+from ._buffers import as_bytes, checksum, diff, xor
 from ._dtypes import DType
 
 
@@ -118,13 +118,17 @@ def encode_planes_cpu(planes, kinds, profile: CpuProfile = DEFAULT_CPU,
 
 
 def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | None,
-               raw: memoryview, planes: list[tuple[int, int, int, bytes]]) -> bytes:
+               raw: memoryview, planes: list[tuple[int, int, int, bytes]],
+               diff: bool = False) -> bytes:
     """Pack coded planes, falling back to one raw plane when that is not larger.
 
-    ``raw`` is what the planes were split from (the XOR when delta). The fallback keeps
-    ``len(blob) <= len(data) + 64`` for every input.
+    ``raw`` is what the planes were split from (the XOR when delta, or with ``diff`` the
+    words' difference). The fallback keeps ``len(blob) <= len(data) + 64`` for every
+    input.
     """
     flags = C.FLAG_DELTA if base_checksum is not None else 0
+    if diff:
+        flags |= C.FLAG_DIFF
     n = len(raw)
     planar = C.header_size(flags, n, [(r, len(p)) for _, _, r, p in planes]) + \
         sum(len(p) for *_, p in planes)
@@ -137,9 +141,10 @@ def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | 
 
 def compress_cpu(raw: memoryview, dt: DType, *, base=None,
                  profile: CpuProfile = DEFAULT_CPU, data_sum: int | None = None,
-                 base_sum: int | None = None) -> bytes:
+                 base_sum: int | None = None, transform: str = "xor") -> bytes:
     """``data_sum`` / ``base_sum``: the checksums of ``raw`` / ``base`` where the caller
-    has them (else taken here)."""
+    has them (else taken here). ``transform``: how a delta is taken (``"xor"`` or
+    ``"diff"``, s4fs.codec.compress)."""
     if data_sum is None:
         data_sum = checksum(raw)
     src = raw
@@ -151,7 +156,7 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
                 f"exactly as long as the data")
         if base_sum is None:
             base_sum = checksum(b)
-        src = memoryview(xor(raw, b))
+        src = memoryview(diff(raw, b, dt.itemsize) if transform == "diff" else xor(raw, b))
     else:
         base_sum = None
     layout = _planes.cpu_layout_for(dt) if profile.layout is None else profile.layout
@@ -159,7 +164,8 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
         raise CodecError(f"plane layout {layout} is not defined for {dt.name}")
     planes = _planes.split(src, dt, layout)
     coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
-    return pack_chunk(dt, layout, data_sum, base_sum, src, coded)
+    return pack_chunk(dt, layout, data_sum, base_sum, src, coded,
+                      diff=base is not None and transform == "diff")
 
 
 def decode_cpu(blob, head: C.Header, dt: DType) -> bytes:

@@ -141,6 +141,25 @@ class CudaBackend:
         with self.device, self.stream:
             cp.bitwise_xor(mk(a_ptr), mk(b_ptr), out=mk(dst_ptr))
 
+    def undiff_into(self, dst_ptr: int, base_ptr: int, n: int, itemsize: int) -> None:
+        """``dst`` (a difference delta's merged planes) becomes the bytes it was taken
+        of: the base's words plus its zigzag-decoded words (s4fs.codec._buffers.undiff)."""
+        cp = self.cp
+        mk = lambda p: cp.ndarray((n,), cp.uint8, cp.cuda.MemoryPointer(  # noqa: E731
+            cp.cuda.UnownedMemory(p, n, self, self.device.id), 0))
+        from s4fs.codec._buffers import word_size
+        itemsize = word_size(itemsize)
+        words = n // itemsize * itemsize
+        u = {1: cp.uint8, 2: cp.uint16, 4: cp.uint32, 8: cp.uint64}[itemsize]
+        with self.device, self.stream:
+            d, base = mk(dst_ptr), mk(base_ptr)
+            if words:
+                w, bw = d[:words].view(u), base[:words].view(u)
+                one, zero = cp.asarray(1, dtype=u), cp.asarray(0, dtype=u)
+                cp.add(bw, (w >> one) ^ (zero - (w & one)), out=w)
+            if n > words:
+                cp.bitwise_xor(d[words:], base[words:], out=d[words:])
+
     def views(self, arr, offsets, lens) -> list:
         """Views of ``arr`` at many offsets: built from the pointer, about a third of
         a slice's cost (thousands per call for a model of small tensors)."""
@@ -385,6 +404,13 @@ class EmulatedBackend:
             b = np.frombuffer((ctypes.c_uint8 * n).from_address(b_ptr), dtype=np.uint8)
             d = np.frombuffer((ctypes.c_uint8 * n).from_address(dst_ptr), dtype=np.uint8)
             np.bitwise_xor(a, b, out=d)
+
+    def undiff_into(self, dst_ptr: int, base_ptr: int, n: int, itemsize: int) -> None:
+        if n:
+            from s4fs.codec._buffers import undiff
+            d = np.frombuffer((ctypes.c_uint8 * n).from_address(dst_ptr), dtype=np.uint8)
+            b = np.frombuffer((ctypes.c_uint8 * n).from_address(base_ptr), dtype=np.uint8)
+            d[:] = undiff(d.copy(), b, itemsize)
 
     def views(self, arr, offsets, lens) -> list:
         return [arr[o: o + n] for o, n in zip(offsets, lens)]

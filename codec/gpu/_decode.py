@@ -245,6 +245,7 @@ class _Decode:
         spec_of, self.specs, pcount = _plane_specs(pl.nplanes, cq, cid, option, chunk, counts)
         self.checksum, self.base_checksum = heads.checksum, heads.base_checksum
         self.raw_len, self.pl = heads.raw_len, pl
+        self.diffs = [(i, dts[i].itemsize) for i in np.flatnonzero(heads.diff).tolist()]
         self.pkind, self.ppos, self.pspec, self.pcount, self.psizes = \
             pkind, ppos, spec_of, pcount, sizes
         self.fill_val = fill_val
@@ -308,6 +309,7 @@ class _Decode:
         self.checksum = np.array([h.checksum for h in heads], dtype=np.uint64)
         self.base_checksum = np.array([h.base_checksum or 0 for h in heads], dtype=np.uint64)
         self.raw_len = np.array([h.raw_len for h in heads], dtype=np.int64)
+        self.diffs = [(i, dts[i].itemsize) for i, h in enumerate(heads) if h.diff]
         self.pl = pl = Plan(dts, layouts, [h.coded_len for h in heads])
         zq = [i for i, h in enumerate(heads) if h.block]
         maps = np.frombuffer(b"".join(heads[i].keep_map for i in zq), dtype=np.uint8)
@@ -389,15 +391,24 @@ class _Decode:
         self.mark("nvcomp")
 
     def merge(self) -> None:
-        """Planes merged into the outputs, XOR-ing bases back in."""
+        """Planes merged into the outputs, XOR-ing bases back in; difference deltas
+        (``FLAG_DIFF``) merge without their base, then add it to their words."""
+        xor_base = self.base_ptr
+        if self.diffs and not self.planes_only:
+            xor_base = self.base_ptr.copy()
+            xor_base[[i for i, _ in self.diffs]] = 0
         if len(self.zero[0]):
             self.out_dev, self.out_off = merge_expanding(self.b, self.pl, self.scratch,
-                                                         self.base_ptr, self.raw_len,
+                                                         xor_base, self.raw_len,
                                                          self.zero, self.keep)
         else:
             self.out_dev, self.out_off = merge_planes(self.b, self.pl, self.scratch,
-                                                      self.base_ptr, self.keep)
+                                                      xor_base, self.keep)
         self.out_ptrs = self.b.ptr(self.out_dev) + self.out_off
+        if not self.planes_only:
+            for i, itemsize in self.diffs:
+                self.b.undiff_into(int(self.out_ptrs[i]), int(self.base_ptr[i]),
+                                   int(self.raw_len[i]), itemsize)
         self.mark("merge")
 
     def verify(self, report: bool = False):

@@ -92,6 +92,22 @@ def guess_sizes(data, dtype: str, base_raw) -> tuple[int, int | None] | None:
     :func:`code_chunk` codes the likely winner first and the other only where the
     winner's real size contradicts the guess. Only the choice rests on it: both ways
     decode to the same bytes."""
+    got = sample_pair(data, base_raw)
+    if got is None:
+        return None
+    sample, base_sample, scale = got
+    delta = len(codec.compress(sample, dtype, base=base_sample, device="cpu")) * scale
+    if delta_is_tiny(delta, len(data)):
+        return int(delta), None
+    return int(delta), int(len(codec.compress(sample, dtype, device="cpu")) * scale)
+
+
+def sample_pair(data, base_raw):
+    """A chunk's sample and its base's (evenly spaced slices, 1/64 of it) and the scale
+    from the sample's coded size to the chunk's: ``(sample, base sample, scale)``, or
+    None — a chunk too small to sample, or one whose changes the sample does not
+    represent (the share of 8-byte words that differ from the base, counted over the
+    whole chunk, is not the sample's)."""
     n = len(data)
     part = (n // (SAMPLE_PARTS * SAMPLE_SHARE)) & ~511      # a multiple of every itemsize
     if n < SAMPLE_MIN or part == 0 or n % 8:
@@ -107,13 +123,10 @@ def guess_sizes(data, dtype: str, base_raw) -> tuple[int, int | None] | None:
     changed = np.count_nonzero(new != old) / len(new)
     if abs(np.count_nonzero(sample != base_sample) / len(sample) - changed) > SAMPLE_SPREAD:
         return None
-    scale = n / sample.nbytes
-    delta = len(codec.compress(sample.view(np.uint8), dtype, base=base_sample.view(np.uint8),
-                               device="cpu")) * scale
-    if delta_is_tiny(delta, n):
-        return int(delta), None
-    return int(delta), int(len(codec.compress(sample.view(np.uint8), dtype, device="cpu"))
-                           * scale)
+    return sample.view(np.uint8), base_sample.view(np.uint8), n / sample.nbytes
+
+
+TRANSFORMS = ("diff", "xor")   # how a delta is taken (s4fs.codec.compress)
 
 
 def code_again(data, dtype: str, checksum: int, base_raw, base_checksum: int,
@@ -121,16 +134,28 @@ def code_again(data, dtype: str, checksum: int, base_raw, base_checksum: int,
     """The chunk rule for a chunk already stored whole in ``whole`` bytes, coded again
     as a delta on ``base_raw`` (backward deltas, s4fs.write.backward): ``b""`` when the
     two are the same bytes, the delta blob when it is at most ``cfg.delta_min_gain`` of
-    the whole one (or tiny and smaller), None when it does not pay. On the CPU (its
-    blobs then decode anywhere); a sample decides first whether coding it can pay."""
+    the whole one (or tiny and smaller), None when it does not pay. The delta is the
+    XOR or the words' difference (zigzag), whichever codes smaller: a sample of both
+    says which, and whether either can pay; a chunk too small to sample is coded both
+    ways. On the CPU (its blobs then decode anywhere)."""
     if checksum == base_checksum and data == base_raw:
         return b""
     budget = cfg.delta_min_gain * whole
-    guess = guess_sizes(data, dtype, base_raw)
-    if guess is not None and guess[0] > budget:
-        return None
-    blob = codec.compress(data, dtype, base=base_raw, device="cpu", checksum=checksum,
-                          base_checksum=base_checksum)
+
+    def coded(transform: str, new=data, old=base_raw, sums=(checksum, base_checksum)):
+        return codec.compress(new, dtype, base=old, device="cpu", checksum=sums[0],
+                              base_checksum=sums[1], transform=transform)
+    got = sample_pair(data, base_raw)
+    if got is not None:
+        sample, base_sample, scale = got
+        sizes = {t: len(coded(t, sample, base_sample, (None, None))) * scale
+                 for t in TRANSFORMS}
+        best = min(TRANSFORMS, key=sizes.get)
+        if sizes[best] > budget:
+            return None                     # the sample says neither will pay
+        blob = coded(best)
+    else:
+        blob = min((coded(t) for t in TRANSFORMS), key=len)
     if len(blob) <= budget or (delta_is_tiny(len(blob), len(data)) and len(blob) < whole):
         return blob
     return None

@@ -27,7 +27,7 @@ import pytest
 import xxhash
 
 from s4fs.codec import (CodecError, CodecUnavailableError, FormatError,
-                        compress, decompress, gpu_available, inspect)
+                        as_bytes, compress, decompress, gpu_available, inspect)
 from s4fs.codec import _container as C
 from s4fs.codec import _plane_codecs as P
 from s4fs.codec import _planes
@@ -527,6 +527,25 @@ def test_emulated_cpu_blobs_decode(emu):
     blobs = [compress(x, d, base=b, device="cpu") for _, d, x, b in cases]
     outs = _decode.decompress_many(blobs, [b for *_, b in cases], backend=emu)
     assert [o == x for o, (_, _, x, _) in zip(outs, cases)] == [True] * len(cases)
+
+
+def test_emulated_difference_deltas_decode_beside_xor_ones(emu):
+    """Difference deltas (written on the CPU: backward deltas) decode in a GPU batch
+    beside XOR deltas and whole blobs, every one exact; a wrong base is refused."""
+    from s4fs.codec.gpu import _decode
+    cases = [c for c in _cases(20_000) if c[3] is not None]
+    blobs, bases, want = [], [], []
+    for _, d, x, b in cases:
+        for transform in ("diff", "xor"):
+            blobs.append(compress(x, d, base=b, device="cpu", transform=transform))
+            bases.append(b)
+            want.append(as_bytes(x).tobytes())
+    assert any(C.unpack(blob).diff for blob in blobs)
+    assert _decode.decompress_many(blobs, bases, backend=emu) == want
+    wrong = bytearray(bases[0])
+    wrong[0] ^= 1
+    with pytest.raises(CodecError):
+        _decode.decompress_many(blobs[:1], [bytes(wrong)], backend=emu)
 
 
 def test_emulated_headers_are_the_containers(emu):
