@@ -95,27 +95,36 @@ def packs(store) -> dict:
 
 
 def series(steps: int, every: int, dtype, work: str) -> tuple[list[dict], dict]:
-    """Per checkpoint: its logical size and, per store, the save's blocked seconds, the
-    bytes uploaded for it and the manifest; per store: the bucket after gc, and the
+    """The MiniLM fine-tuning series through :func:`run_series`."""
+    import torch
+
+    from s4fs.testing.minilm import finetune
+
+    def checkpoints():
+        for step, model_sd, opt_sd in finetune(steps, every=every, dtype=dtype):
+            obj = {"model": model_sd, "optimizer": opt_sd}
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            yield step, buf.getvalue(), obj
+    return run_series(checkpoints(), work)
+
+
+def run_series(checkpoints, work: str) -> tuple[list[dict], dict]:
+    """``checkpoints``: (step, file bytes, the saved object for ZipNN or None). Per
+    checkpoint: its logical size and, per store, the save's blocked seconds, the bytes
+    uploaded for it and the manifest; per store: the bucket after gc, and the
     fresh-node read times of the newest and the oldest version."""
     import time
-
-    import torch
 
     from s4fs.coding import IngestConfig
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.gc import collect
     from s4fs.stores import LocalStore
-    from s4fs.testing.minilm import finetune
     stores = {k: LocalStore(os.path.join(work, k)) for k in MODES}
     fss = {k: Filesystem(stores[k], FsConfig(ingest=IngestConfig(**ing), **kw))
            for k, (kw, ing) in MODES.items()}
     rows, datas = [], []
-    for step, model_sd, opt_sd in finetune(steps, every=every, dtype=dtype):
-        obj = {"model": model_sd, "optimizer": opt_sd}
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
+    for step, data, obj in checkpoints:
         datas.append(data)
         row = {"step": step, "logical": len(data), "path": f"ckpt_{step}.pt"}
         for tag, fs in fss.items():
@@ -129,7 +138,7 @@ def series(steps: int, every: int, dtype, work: str) -> tuple[list[dict], dict]:
             fs.settle_deltas()
             after = packs(stores[tag])
             row[tag + "_upload"] = sum(n for k, n in after.items() if k not in before)
-        row["zipnn_fam"] = zipnn_family(obj)
+        row["zipnn_fam"] = zipnn_family(obj) if obj is not None else None
         rows.append(row)
     for tag, fs in fss.items():
         for row in rows:
@@ -159,6 +168,52 @@ def series(steps: int, every: int, dtype, work: str) -> tuple[list[dict], dict]:
     return rows, totals
 
 
+HEADER = ["series", "ckpts", "backward %", "fwd unbounded %", "deltas off %", "ZipNN %",
+          "backward ÷ off", "backward ÷ unbounded", "upload/save MiB (bwd / off)",
+          "save blocks s (bwd / off)", "newest fresh read s (bwd / off)",
+          "oldest fresh read s (bwd / unb / off)"]
+FAMILY_HEADER = ["series", "family", "backward %", "fwd unbounded %", "deltas off %",
+                 "ZipNN %"]
+
+
+def summarize(label: str, rows: list[dict], totals: dict) -> tuple[list, list]:
+    """One row of the series table (HEADER) and its rows of the family table."""
+    med = statistics.median
+    logical = sum(r["logical"] for r in rows)
+    later = rows[1:] or rows
+    has_zipnn = all(r["zipnn_fam"] is not None for r in rows)
+    zipnn = "-"
+    if has_zipnn:
+        zip_total = sum(sum(r["zipnn_fam"].values()) for r in rows)
+        fam_logical = sum(sum(r["off_fam"][0].values()) for r in rows)
+        # ZipNN per tensor, scaled from the tensors' bytes to the file's
+        zipnn = f"{100 * zip_total / fam_logical:.1f}"
+    b, u, o = (totals[k]["bucket"] for k in ("backward", "unbounded", "off"))
+    mib = 1 << 20
+    row = [label, str(len(rows)),
+           f"{100 * b / logical:.1f}", f"{100 * u / logical:.1f}",
+           f"{100 * o / logical:.1f}", zipnn, f"{b / o:.2f}x", f"{b / u:.2f}x",
+           f"{med([r['backward_upload'] for r in later]) / mib:.0f} / "
+           f"{med([r['off_upload'] for r in later]) / mib:.0f}",
+           f"{med([r['backward_blocked'] for r in later]):.2f} / "
+           f"{med([r['off_blocked'] for r in later]):.2f}",
+           f"{totals['backward']['newest']:.2f} / {totals['off']['newest']:.2f}",
+           f"{totals['backward']['oldest']:.2f} / {totals['unbounded']['oldest']:.2f}"
+           f" / {totals['off']['oldest']:.2f}"]
+    fams = []
+    for f in FAMILIES:
+        def ratio(r, tag):
+            lg_, st = r[tag + "_fam"]
+            return st[f] / lg_[f] if lg_[f] else 0.0
+        if not any(r["off_fam"][0][f] for r in later):
+            continue
+        fams.append([label, f] + [f"{100 * med([ratio(r, t) for r in later]):.1f}"
+                                  for t in ("backward", "unbounded", "off")] +
+                    [f"{100 * med([r['zipnn_fam'][f] / r['off_fam'][0][f] for r in later]):.1f}"
+                     if has_zipnn else "-"])
+    return row, fams
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,51 +237,20 @@ def main(argv=None) -> int:
                 rows, totals = series(args.steps, every, dtype, work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            med = statistics.median
-            logical = sum(r["logical"] for r in rows)
-            later = rows[1:] or rows
-            zip_total = sum(sum(r["zipnn_fam"].values()) for r in rows)
-            fam_logical = sum(sum(r["off_fam"][0].values()) for r in rows)
-            # ZipNN per tensor, scaled from the tensors' bytes to the file's
-            zipnn = zip_total / fam_logical * logical
-            b, u, o = (totals[k]["bucket"] for k in ("backward", "unbounded", "off"))
-            mib = 1 << 20
-            summary.append([
-                f"{dname} every {every}", str(len(rows)),
-                f"{100 * b / logical:.1f}", f"{100 * u / logical:.1f}",
-                f"{100 * o / logical:.1f}", f"{100 * zipnn / logical:.1f}",
-                f"{b / o:.2f}x", f"{b / u:.2f}x",
-                f"{med([r['backward_upload'] for r in later]) / mib:.0f} / "
-                f"{med([r['off_upload'] for r in later]) / mib:.0f}",
-                f"{med([r['backward_blocked'] for r in later]):.2f} / "
-                f"{med([r['off_blocked'] for r in later]):.2f}",
-                f"{totals['backward']['newest']:.2f} / {totals['off']['newest']:.2f}",
-                f"{totals['backward']['oldest']:.2f} / {totals['unbounded']['oldest']:.2f}"
-                f" / {totals['off']['oldest']:.2f}"])
-            for f in FAMILIES:
-                def ratio(r, tag):
-                    lg_, st = r[tag + "_fam"]
-                    return st[f] / lg_[f] if lg_[f] else 0.0
-                families.append([f"{dname} every {every}", f] + [
-                    f"{100 * med([ratio(r, t) for r in later]):.1f}"
-                    for t in ("backward", "unbounded", "off")] + [
-                    f"{100 * med([r['zipnn_fam'][f] / r['off_fam'][0][f] for r in later]):.1f}"])
+            row, fams = summarize(f"{dname} every {every}", rows, totals)
+            summary.append(row)
+            families += fams
             print(f"  {dname} every {every}: per checkpoint stored % (backward / off), "
                   "direction: " + ", ".join(
                       f"{r['step']}: {100 * r['backward'] / r['logical']:.1f}/"
                       f"{100 * r['off'] / r['logical']:.1f} "
                       f"{'backward' if r['backward_dir'] else 'whole'}" for r in rows),
                   flush=True)
-    print(table(["series", "ckpts", "backward %", "fwd unbounded %", "deltas off %",
-                 "ZipNN %", "backward ÷ off", "backward ÷ unbounded",
-                 "upload/save MiB (bwd / off)", "save blocks s (bwd / off)",
-                 "newest fresh read s (bwd / off)",
-                 "oldest fresh read s (bwd / unb / off)"], summary))
+    print(table(HEADER, summary))
     print("(% of the series' logical bytes held in the bucket once gc ran; upload: the "
           "save and the re-expression it queues, median after the first; reads: a node "
           "with nothing cached, medians of 3, every byte checked)")
-    print(table(["series", "family", "backward %", "fwd unbounded %", "deltas off %",
-                 "ZipNN %"], families))
+    print(table(FAMILY_HEADER, families))
     print("(stored % of logical per tensor family, median over the checkpoints after the "
           "first; a file's own blobs)")
     return 0

@@ -1,18 +1,18 @@
-"""Delta benchmark on a GPU training series: a small GPT trained on real text.
+"""Delta benchmark on a GPU training series: a GPT trained on real text.
 
-    python bench/delta_gpu.py [--steps 300] [--every 30] [--spaced 150]
+    python bench/delta_gpu.py [--steps 1000] [--every 200] [--gib 1.7]
     bash bench/gpu.sh delta        # the same, on the GPU machine
 
-ZipNN, where installed, is the peer for stored size (bench/delta.py prints it; it was
-not installable on the H200 box).
-
-Byte-level GPT (6 layers, width 512, context 256) trained on the GPU on real English
-text (the prose s4fs's tests fine-tune on, plus this repository's own documentation),
-fp32 master weights and fp32 AdamW state, checkpoints saved as mixed-precision trainers
-save them: ``{"model": bf16 weights, "optimizer": fp32 AdamW state}``. Each checkpoint is
-stored with deltas (default) and full-only; the table gives stored % per tensor family
-(weights, exp_avg, exp_avg_sq) for frequent saves (``--every``) and widely spaced ones
-(``--spaced``). Runs on the CPU too (slowly) when there is no GPU.
+Byte-level GPT trained on the GPU on real English text (the prose s4fs's tests fine-tune
+on, plus this repository's own documentation): with ``--gib`` the GPT of
+``bench/train_loop.py`` (fp32 weights + fp32 AdamW, about that many GiB a checkpoint),
+without it a 6 x 512 one saved as mixed-precision trainers save it (bf16 weights + fp32
+AdamW). Every ``--every`` steps the checkpoint goes into the stores of
+``bench/delta.py`` side by side — backward deltas (the default), forward deltas with no
+chain bound (what XOR alone gives), deltas off — and the same table is printed: the
+bucket after gc, upload per save, blocked time, a fresh node's read of the newest and
+the oldest version. ZipNN is not installable on the GPU machine (its column shows "-").
+Runs on the CPU too (slowly) when there is no GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import glob
 import io
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -86,15 +85,18 @@ def gpt_of_state(gib: float, ctx: int = 256):
 
 
 def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=512,
-          layers=6):
-    """Yields (step, checkpoint bytes) every ``every`` steps."""
+          layers=6, gib: float | None = None):
+    """Yields (step, loss, checkpoint bytes) every ``every`` steps: with ``gib`` the
+    train-loop GPT's fp32 state, else bf16 weights and fp32 AdamW."""
     import torch
     import torch.nn.functional as F
     torch.manual_seed(seed)
     data = torch.tensor(list(corpus()), dtype=torch.long, device=device)
-    model = gpt(ctx=ctx, width=width, layers=layers).to(device)
+    model = (gpt_of_state(gib, ctx=ctx) if gib else
+             gpt(ctx=ctx, width=width, layers=layers)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     g = torch.Generator(device="cpu").manual_seed(seed)
+    weights = torch.float32 if gib else torch.bfloat16
     for step in range(1, steps + 1):
         ix = torch.randint(0, len(data) - ctx - 1, (batch,), generator=g).to(device)
         x = torch.stack([data[i:i + ctx] for i in ix])
@@ -106,7 +108,7 @@ def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=
         loss.backward()
         opt.step()
         if step % every == 0:
-            obj = {"model": {k: v.detach().to(torch.bfloat16).cpu()
+            obj = {"model": {k: v.detach().to(weights).cpu()
                              for k, v in model.state_dict().items()},
                    "optimizer": {"state": {k: {n: t.cpu() if torch.is_tensor(t) else t
                                                for n, t in st.items()}
@@ -121,61 +123,43 @@ def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300, help="training steps")
-    ap.add_argument("--every", type=int, default=30, help="steps between frequent saves")
-    ap.add_argument("--spaced", type=int, default=150, help="steps between spaced saves")
-    ap.add_argument("--width", type=int, default=512, help="model width")
-    ap.add_argument("--layers", type=int, default=6, help="transformer layers")
+    ap.add_argument("--steps", type=int, default=1000, help="training steps")
+    ap.add_argument("--every", type=int, default=200, help="steps between saves")
+    ap.add_argument("--gib", type=float, default=1.7,
+                    help="the train-loop GPT of this state size (0: 6 x 512, bf16 weights)")
+    ap.add_argument("--width", type=int, default=512, help="model width (--gib 0)")
+    ap.add_argument("--layers", type=int, default=6, help="transformer layers (--gib 0)")
     ap.add_argument("--ctx", type=int, default=256, help="context length in bytes")
     args = ap.parse_args(argv)
     import torch
 
     from _common import machine, table
-    from delta import FAMILIES, per_family
-    from s4fs.fs import Filesystem, FsConfig
-    from s4fs.stores import LocalStore
+    from delta import FAMILY_HEADER, HEADER, run_series, summarize
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
     work = tempfile.mkdtemp(prefix="s4fs-bench-dgpu-")
-    fss = {"delta": Filesystem(LocalStore(os.path.join(work, "d")), FsConfig()),
-           "full": Filesystem(LocalStore(os.path.join(work, "f")), FsConfig(delta=False)),
-           "spaced": Filesystem(LocalStore(os.path.join(work, "s")), FsConfig())}
-    rows = {"delta": [], "full": [], "spaced": []}
-    try:
+
+    def checkpoints():
         for step, loss, data in train(args.steps, args.every, device, ctx=args.ctx,
-                                      width=args.width, layers=args.layers):
-            targets = ["delta", "full"] + (["spaced"] if step % args.spaced == 0 else [])
-            for tag in targets:
-                fs = fss[tag]
-                h = fs.open_write(f"ckpt_{step}.pt")
-                h.write(0, data)
-                h.flush()
-                h.release()
-                m = fs.manifest(f"ckpt_{step}.pt")
-                rows[tag].append((step, len(data), m.stored_bytes(), per_family(m)))
-            print(f"  step {step} loss {loss:.3f}: full {100 * rows['full'][-1][2] / len(data):.1f} %"
-                  f", delta {100 * rows['delta'][-1][2] / len(data):.1f} %", flush=True)
+                                      width=args.width, layers=args.layers,
+                                      gib=args.gib or None):
+            print(f"  step {step} loss {loss:.3f}: {len(data) / 2**20:.0f} MiB", flush=True)
+            yield step, data, None
+    try:
+        rows, totals = run_series(checkpoints(), work)
     finally:
-        for fs in fss.values():
-            fs.close()
         shutil.rmtree(work, ignore_errors=True)
-    med = statistics.median
-    out = []
-    for tag, label in (("full", f"full-only, every {args.every}"),
-                       ("delta", f"delta, every {args.every}"),
-                       ("spaced", f"delta, every {args.spaced}")):
-        later = rows[tag][1:] or rows[tag]
-        cells = [label, str(len(rows[tag])),
-                 f"{100 * med([r[2] / r[1] for r in later]):.1f}"]
-        for f in FAMILIES:
-            vals = [r[3][1][f] / r[3][0][f] for r in later if r[3][0][f]]
-            cells.append(f"{100 * med(vals):.1f}" if vals else "-")
-        out.append(cells)
-    print(f"# bench/delta_gpu.py — {gpu}; {machine()}; GPT {args.layers}x{args.width} byte-level, {args.steps} "
-          f"steps, AdamW lr 3e-4; bf16 weights + fp32 AdamW state per checkpoint "
-          f"({rows['full'][0][1] / 2**20:.0f} MiB)")
-    print(table(["series", "ckpts", "stored % (median after the first)", "weights %",
-                 "exp_avg %", "exp_avg_sq %"], out))
+    label = f"GPT every {args.every}"
+    row, fams = summarize(label, rows, totals)
+    what = (f"the train-loop GPT ({args.gib} GiB: fp32 weights + AdamW)" if args.gib else
+            f"GPT {args.layers}x{args.width}, bf16 weights + fp32 AdamW")
+    print(f"# bench/delta_gpu.py — {gpu}; {machine()}; {what}, byte-level, {args.steps} "
+          f"steps, AdamW lr 3e-4; {rows[0]['logical'] / 2**20:.0f} MiB a checkpoint")
+    print("  per checkpoint stored % (backward / off): " + ", ".join(
+        f"{r['step']}: {100 * r['backward'] / r['logical']:.1f}/"
+        f"{100 * r['off'] / r['logical']:.1f}" for r in rows))
+    print(table(HEADER, [row]))
+    print(table(FAMILY_HEADER, fams))
     return 0
 
 

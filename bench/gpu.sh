@@ -17,7 +17,8 @@
 #   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
 #           (FILL_SOURCES: --source values, a run each; FILL_ARGS, FILL_SECONDS)
 #   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
-#   delta   deltas on a GPT pretrained here, full-only vs delta            (400 s)
+#   delta   deltas on the train-loop GPT trained here: backward vs unbounded
+#           forward chains vs deltas off (DELTA_ARGS: its options)          (540 s)
 #   train-loop  a GPT training on the GPU, checkpointed every 200 steps by every
 #           mode (local disk +sync / page cache, DCP async, s4fs API, the mount
 #           default and --writeback on cpu and cuda, and the floor of a pyfuse3
@@ -137,7 +138,7 @@ for suite in "$@"; do
         S4FS_BENCH_WEIGHTS=$W run 300 python3 "$B/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 1
         ;;
     delta)
-        run 400 python3 "$B/delta_gpu.py" --steps 300 --every 30 --spaced 150
+        run 540 python3 "$B/delta_gpu.py" ${DELTA_ARGS:---steps 1000 --every 200 --gib 1.7}
         ;;
     train-loop)
         t0=$SECONDS

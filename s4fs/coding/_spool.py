@@ -43,14 +43,16 @@ class _Chunk:
 
 
 class _Batch:
-    __slots__ = ("items", "pending", "nbytes", "key", "future", "result")
+    __slots__ = ("items", "left", "nbytes", "key", "future", "result", "lane")
 
-    def __init__(self) -> None:
+    def __init__(self, lane: int = 0) -> None:
         self.items: list = []
+        self.left = 0                   # its chunks not yet given their reference
         self.nbytes = 0
         self.key = ""
         self.future: Future | None = None
         self.result = None
+        self.lane = lane
 
 
 class SpoolCoding:
@@ -61,10 +63,13 @@ class SpoolCoding:
     ``raw`` is the file's raw stream; tensor pieces name their stream and its base
     stream (``bases``: where the base version's chunks lie in its decoded copy);
     ``label`` names the file in errors; ``pools``: where the worker processes are.
-    ``packs`` lists the packs written."""
+    ``lanes``: the base chunks (keys) whose counterparts go to packs of their own
+    (backward deltas: the chunks likely to be replaced by deltas later, so that their
+    packs die whole). ``packs`` lists the packs written."""
 
     def __init__(self, store, cfg: IngestConfig, pools: Pools, spool_path: str,
-                 raw: Stream, bases: BaseFile, label: str = "") -> None:
+                 raw: Stream, bases: BaseFile, label: str = "",
+                 lanes: frozenset = frozenset()) -> None:
         self.store, self.cfg, self.label = store, cfg, label
         self.pool = pools.for_ingest(cfg)
         self.batch_bytes = (cfg.gpu_batch_bytes if resolve_device(cfg.device) == "cuda"
@@ -75,7 +80,8 @@ class SpoolCoding:
         self.base_file = bases.path
         self.packs: list[str] = []
         self._pending: deque = deque()      # (stream, batch, index, raw, checksum, base)
-        self._batch = _Batch()
+        self._lanes = lanes
+        self._batches = [_Batch(0), _Batch(1)]   # one being filled per lane
         self._submitted: deque[_Batch] = deque()
         self._raw_stream = raw
         self._raw = _Chunk()
@@ -132,20 +138,27 @@ class SpoolCoding:
 
     def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where) -> None:
         sum_ = chunk.hasher.intdigest()
-        b = self._batch
+        lane = int(base is not None and base.key() in self._lanes)
+        b = self._batches[lane]
         b.items.append(Item(tuple(chunk.ranges), dtype, sum_, base, where))
         b.nbytes += chunk.length
+        b.left += 1
         self._pending.append((stream, b, len(b.items) - 1, chunk.length, sum_, base))
         if b.nbytes >= self.batch_bytes or len(b.items) >= 1024:
-            self._submit()
+            self._submit(lane)
 
-    def _submit(self) -> None:
-        b = self._batch
+    def _submit(self, lane: int, wait: bool = True) -> None:
+        """Send ``lane``'s batch; ``wait``: first for room among the batches in flight
+        (not when a chunk being given its reference needs this very batch)."""
+        b = self._batches[lane]
         if not b.items:
             return
-        self._batch = _Batch()
-        while len(self._submitted) >= self.pool.max_in_flight:
+        while wait and len(self._submitted) >= self.pool.max_in_flight:
             self._drain_oldest()
+        b = self._batches[lane]
+        if not b.items:              # the draining had to send it already
+            return
+        self._batches[lane] = _Batch(lane)
         b.key = keys.new_pack_key()
         b.future = self.pool.submit(Job(self.store_spec, self.spool, b.key, tuple(b.items),
                                         self.base_file, self.cfg))
@@ -153,10 +166,12 @@ class SpoolCoding:
 
     def _drain_oldest(self) -> None:
         b = self._submitted[0]
-        while self._submitted and self._submitted[0] is b:
-            self._drain_one()                 # pops the batch with its last chunk
+        while b.left:
+            self._drain_one()        # in file order: the chunks before b's last ones too
 
     def _drain_one(self) -> None:
+        if self._pending[0][1].future is None:   # still being filled (its lane's): send it
+            self._submit(self._pending[0][1].lane, wait=False)
         stream, b, i, raw, sum_, base = self._pending.popleft()
         if b.result is None:
             b.result = self.pool.result(b.future, repr(self.label or self.spool))
@@ -173,15 +188,16 @@ class SpoolCoding:
         else:
             ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, 0, None)
         stream.chunks.append(ref)
-        if self._submitted and self._submitted[0] is b and \
-                (not self._pending or self._pending[0][1] is not b):
-            self._submitted.popleft()
+        b.left -= 1
+        if not b.left:
+            self._submitted.remove(b)
 
     def finish(self) -> None:
         """Send what is left and wait until every batch's pack is stored."""
         if self._raw.length:
             self._emit_raw()
-        self._submit()
+        self._submit(0)
+        self._submit(1)
         while self._pending:
             self._drain_one()
 

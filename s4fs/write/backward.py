@@ -178,6 +178,26 @@ def _uses(m: Manifest, mapping: "_Mapping") -> bool:
     return False
 
 
+def likely_replaced(store: "Store", base: Manifest | None) -> frozenset:
+    """The chunks of ``base`` (keys) whose counterparts in the version saved after it
+    will likely be replaced by deltas once a newer one comes: those the version before
+    ``base`` was re-expressed on (its deltas' own bases) — the tensors whose deltas paid
+    last time. The new version packs them apart, so that their packs die whole rather
+    than being compacted (``_compact``). Empty when that is not known."""
+    info = (base.base or {}) if base is not None else {}
+    if not info.get("path") or not info.get("id"):
+        return frozenset()
+    try:
+        data = store.get(keys.file_key(info["path"]))
+        before = Manifest.from_bytes(data, where=f"manifest of {info['path']!r}")
+    except (S4Error, OSError):
+        return frozenset()
+    if before.id != info["id"] or ((before.base or {}).get(NEWER) or {}).get("id") != base.id:
+        return frozenset()
+    return frozenset(c.base.key() for s in before.streams for c in s.chunks
+                     if c.base is not None)
+
+
 @dataclass
 class _Mapping:
     """The previous version's whole blobs (by key) and what replaces each."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from s4fs import keys
 from s4fs.coding import missing_packs, note_unreadable_base
 from s4fs.manifest import Manifest
+from s4fs.write.backward import likely_replaced
 from s4fs.write.ingest import IngestSession
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class SessionPort(Namespace, Protocol):
 
     cfg: "FsConfig"                   # delta on or off, the ingest settings
     save_ingest: "IngestConfig"       # how a new version is coded (backward: whole)
+    backward: bool                    # deltas run backward (s4fs.write.backward)
     decoded: "DecodedCache | None"    # the base's decoded copy, read instead of decoding
     pack_cache: "PackCache | None"    # keeps the packs the ingest writes
     source: "ChunkSource"             # the base's chunks, where its copy lacks them
@@ -154,8 +156,10 @@ def new_session(fs: SessionPort, path: str, previous: Manifest | None,
     base_file = None
     if base is not None and fs.decoded is not None:
         base_file = fs.decoded.path_of(base.id)
+    lanes = likely_replaced(fs.store, base) if fs.backward and base_path != path \
+        else frozenset()
     return IngestSession(fs.store, fs.save_ingest, base=base, base_path=base_path,
                          source=fs.source, on_pack=fs.pack_cache.put
                          if fs.pack_cache is not None else None,
                          spool_path=spool, base_file=base_file, label=path,
-                         pools=fs.pools)
+                         pools=fs.pools, lanes=lanes)

@@ -46,47 +46,62 @@ class _Uploads:
         return cls._upload
 
 
+class _Open:
+    """The pack a lane is filling."""
+
+    __slots__ = ("parts", "size", "key")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.key = keys.new_pack_key()
+
+
 class PackWriter:
-    """Appends blobs to packs and uploads full packs in the background."""
+    """Appends blobs to packs and uploads full packs in the background. Blobs of
+    different *lanes* go to different packs (backward deltas: chunks likely to be
+    replaced by deltas later are packed apart, so that their packs die whole)."""
 
     def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None,
                  uploads: int | None = None):
         self.store, self.cfg = store, cfg
         self.max_uploads = uploads or cfg.max_uploads     # packs written at once
         self.keys: list[str] = []
-        self._buf: list[bytes] = []
-        self._buf_len = 0
-        self._key = keys.new_pack_key()
+        self._open: dict[int, _Open] = {}
         self._uploads: deque[Future] = deque()
         self._on_pack = on_pack
         self.stored = 0
 
-    def add(self, blob: bytes) -> tuple[str, int]:
-        if self._buf and self._buf_len + len(blob) > self.cfg.pack_size:
-            self._submit()
-        off = self._buf_len
-        self._buf.append(blob)
-        self._buf_len += len(blob)
+    def add(self, blob: bytes, lane: int = 0) -> tuple[str, int]:
+        p = self._open.get(lane)
+        if p is not None and p.parts and p.size + len(blob) > self.cfg.pack_size:
+            self._submit(lane)
+            p = None
+        if p is None:
+            p = self._open[lane] = _Open()
+        off = p.size
+        p.parts.append(blob)
+        p.size += len(blob)
         self.stored += len(blob)
-        return self._key, off
+        return p.key, off
 
-    def place(self, blob, base: ChunkRef | None, checksum: int, raw: int) -> ChunkRef:
+    def place(self, blob, base: ChunkRef | None, checksum: int, raw: int,
+              lane: int = 0) -> ChunkRef:
         """The reference of a coded chunk (what the delta rule returned): ``base``
-        itself when the chunk is its base (no blob), else ``blob`` added to a pack, as a
-        delta on ``base`` or whole."""
+        itself when the chunk is its base (no blob), else ``blob`` added to a pack of
+        ``lane``, as a delta on ``base`` or whole."""
         if blob is None:
             return base
-        pack, off = self.add(blob)
+        pack, off = self.add(blob, lane)
         return ChunkRef(pack, off, len(blob), raw, checksum,
                         base.depth + 1 if base is not None else 0, base)
 
-    def _submit(self) -> None:
-        if not self._buf:
+    def _submit(self, lane: int) -> None:
+        p = self._open.pop(lane, None)
+        if p is None or not p.parts:
             return
-        key, parts = self._key, self._buf
+        key, parts = p.key, p.parts
         self.keys.append(key)
-        self._buf, self._buf_len = [], 0
-        self._key = keys.new_pack_key()
         while len(self._uploads) >= self.max_uploads:
             self._uploads.popleft().result()
         metrics.uploads_started()
@@ -105,7 +120,8 @@ class PackWriter:
         self._uploads.append(_Uploads.upload().submit(upload))
 
     def finish(self) -> None:
-        self._submit()
+        for lane in list(self._open):
+            self._submit(lane)
         while self._uploads:
             self._uploads.popleft().result()
 
@@ -120,6 +136,7 @@ class _Pending:
     stream: Stream
     future: Future
     batch: bool = False         # the future holds a one-chunk batch's results
+    lane: int = 0               # the packs its blob goes to (PackWriter)
 
 
 class IngestSession:
@@ -131,7 +148,8 @@ class IngestSession:
                  base: Manifest | None = None, base_path: str | None = None, source=None,
                  parser=None, on_pack: Callable | None = None,
                  spool_path: str | None = None, base_file: str | None = None,
-                 label: str = "", pools: Pools | None = None) -> None:
+                 label: str = "", pools: Pools | None = None,
+                 lanes: frozenset = frozenset()) -> None:
         if parser is None:
             from s4fs.parse import new_parser
             parser = new_parser()
@@ -159,6 +177,8 @@ class IngestSession:
         self._source = source
         self._base_streams = base_streams(base)
         self._bases = BaseFile(base, base_file)
+        # the base chunks whose counterparts are packed apart (PackWriter's lanes)
+        self._lanes = lanes
         self._closed = False
         self._stable = False
         self.started = time.time()
@@ -169,7 +189,7 @@ class IngestSession:
         if spool_path is not None and cfg.processes:
             # the CPU worker processes, or the GPU worker process
             self._proc = SpoolCoding(store, cfg, pools, spool_path, self._raw, self._bases,
-                                     label)
+                                     label, lanes)
         else:
             self._threads = ThreadPool(cfg, source, self._bases.path, pools=pools)
             if self._threads.gpu:
@@ -290,19 +310,20 @@ class IngestSession:
             limit = max(limit, 2 * self._gpu.batch_chunks)
         while len(self._pending) >= limit:
             self._drain_one()
+        lane = int(base is not None and base.key() in self._lanes)
         if self._gpu is not None:
             fut = self._gpu.add(data, dtype, base if self._source is not None else None, where)
-            self._pending.append(_Pending(stream, fut))
+            self._pending.append(_Pending(stream, fut, lane=lane))
         else:                           # a batch of one chunk: coded on a codec thread
             fut = self._threads.submit(ChunkBatch(((data, dtype, base, where),)))
-            self._pending.append(_Pending(stream, fut, batch=True))
+            self._pending.append(_Pending(stream, fut, batch=True, lane=lane))
 
     def _drain_one(self) -> None:
         p = self._pending.popleft()
         if self._gpu is not None:
             self._gpu.flush_if_holding(p.future)
         res = p.future.result()
-        p.stream.chunks.append(self.packs.place(*(res[0] if p.batch else res)))
+        p.stream.chunks.append(self.packs.place(*(res[0] if p.batch else res), lane=p.lane))
 
     # --- end ---------------------------------------------------------------------------
 

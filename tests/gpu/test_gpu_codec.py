@@ -704,6 +704,25 @@ def test_cpu_encode_gpu_decode():
 
 
 @gpu
+def test_cpu_difference_deltas_decode_on_the_gpu():
+    """Backward deltas' difference blobs (coded on the CPU) decode in GPU batches, as
+    device outputs too, and one by one on the device: every byte exact."""
+    from s4fs.codec import gpu as G
+    cases = [c for c in _cases() if c[3] is not None]
+    blobs = [compress(x, d, base=b, device="cpu", transform="diff") for _, d, x, b in cases]
+    assert all(C.unpack(blob).diff for blob in blobs)
+    bases = [b for *_, b in cases]
+    outs = G.decompress_many(blobs, bases)
+    dev = G.decompress_many(blobs, [G.to_device(np.frombuffer(b, np.uint8)) for b in bases],
+                            out="device")
+    for (name, _, data, base), blob, out, d in zip(cases, blobs, outs, dev):
+        want = as_bytes(data).tobytes()
+        assert out == want, name
+        assert bytes(d.get()) == want, name
+        assert decompress(blob, base=base, device="cuda") == want, name
+
+
+@gpu
 def test_codec_twins_decode_each_other():
     """nvCOMP Deflate ↔ zlib and nvCOMP GDeflate ↔ nvCOMP's CPU library, plane by plane."""
     from s4fs.codec import gpu as G
