@@ -129,17 +129,22 @@ def test_save_in_many_batches_of_growing_size_is_the_torch_file(tmp_path):
 
 
 def test_load_to_cuda_of_a_cpu_saved_delta_chain(tmp_path):
+    """The oldest of three saves, re-expressed backward (deltas on the next, which is
+    deltas on the newest), loads to the GPU exactly."""
     import s4fs
     store = _store(tmp_path)
     torch.manual_seed(1)
     w = torch.randn(1 << 20)
+    first = None
     for step in range(3):
         w[: 1000] += 1e-3
+        first = w.clone() if first is None else first
         s4fs.save({"w": w.clone(), "step": step}, str(store / f"ckpt_{step}.pt"))
-    fs, rel = s4fs.resolve(str(store / "ckpt_2.pt"))
-    assert any(c.base is not None for s in fs.manifest(rel).streams for c in s.chunks)
-    back = s4fs.load(str(store / "ckpt_2.pt"), map_location="cuda:0")
-    assert back["w"].is_cuda and torch.equal(back["w"].cpu(), w)
+    fs, rel = s4fs.resolve(str(store / "ckpt_0.pt"))
+    assert fs.settle_deltas(60)
+    assert max(c.depth for s in fs.manifest(rel, fresh=True).streams for c in s.chunks) == 2
+    back = s4fs.load(str(store / "ckpt_0.pt"), map_location="cuda:0")
+    assert back["w"].is_cuda and torch.equal(back["w"].cpu(), first)
 
 
 def _stream(m, name):
@@ -147,14 +152,16 @@ def _stream(m, name):
 
 
 def test_consecutive_cuda_saves_are_deltas_exact_and_unchanged_tensors_cost_nothing(tmp_path):
-    """ckpt_2 of a CUDA state is coded against ckpt_1 (the rule of every save): a tensor
-    that did not change is stored as the base's own chunks, a slightly trained one as a
-    small delta, adversarial bits exactly; the file is torch.save's, and it still loads
-    once its base is deleted and the store collected."""
+    """With forward deltas, ckpt_2 of a CUDA state is coded against ckpt_1 on the device:
+    a tensor that did not change is stored as the base's own chunks, a slightly trained
+    one as a small delta, adversarial bits exactly; the file is torch.save's, and it
+    still loads once its base is deleted and the store collected."""
     import s4fs
     import s4fs.api
     from s4fs import gc
+    from s4fs.fs import FsConfig
     store = _store(tmp_path)
+    s4fs.filesystem(str(store), FsConfig(decoded_cache_bytes=0, delta_direction="forward"))
     torch.manual_seed(5)
     sd = {"frozen": torch.randn(3 << 20, device="cuda").to(torch.bfloat16),
           "w": torch.randn(3 << 20, device="cuda"),
@@ -369,12 +376,15 @@ def test_async_save_device_oom_while_coding_is_in_the_future_and_commits_nothing
 
 # --------------------------------------------------------------------------- GPU worker
 
+@pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("processes", [False, True], ids=["in-process", "gpu-process"])
-def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processes):
+def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processes, direction):
     """The data pipeline's GPU worker on a real GPU: a series of torch files (CPU state,
-    as the mount receives it) coded in batches on the device, deltas from the second on,
-    read back exactly here and on a cold node that decodes ahead on the GPU. With
-    ``processes`` (as a mount runs) in the GPU worker process, fed from spool files."""
+    as the mount receives it) coded in batches on the device, deltas from the second on
+    (forward), or the older ones re-expressed as deltas on the newer (backward: the GPU
+    planes decoded, the deltas coded on the CPU), read back exactly here and on a cold
+    node that decodes ahead on the GPU. With ``processes`` (as a mount runs) in the GPU
+    worker process, fed from spool files."""
     import io
 
     from s4fs.fs import Filesystem, FsConfig
@@ -384,7 +394,7 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
     rt = Runtime()
     cfg = FsConfig(ingest=IngestConfig(device="cuda", gpu_batch_bytes=8 << 20,
                                        processes=processes),
-                   cache_dir=str(tmp_path / "cache"))
+                   cache_dir=str(tmp_path / "cache"), delta_direction=direction)
     fs = Filesystem(LocalStore(str(tmp_path / "store")), cfg, runtime=rt)
     sd = {k: v.cpu() for k, v in _state().items() if hasattr(v, "cpu")}
     sd.update({str(dt): _adversarial(dt, 1 << 19, "cpu")
@@ -408,11 +418,17 @@ def test_gpu_worker_series_exact_with_deltas_and_decode_ahead(tmp_path, processe
                     t = sd[k].contiguous().clone()
                     t.view(-1)[::5] += 1e-3
                     sd[k] = t
-        m = [fs.manifest(f"run/ckpt_{i}.pt") for i in range(3)]
-        codecs = {p["codec"] for st in m[0].streams if st.kind == "tensor"
-                  for c in st.chunks for p in _planes_of(fs, c)}
+        assert fs.settle_deltas(120)
+        m = [fs.manifest(f"run/ckpt_{i}.pt", fresh=True) for i in range(3)]
+        codecs = {p["codec"] for st in m[2].streams if st.kind == "tensor"
+                  for c in st.chunks if c.base is None for p in _planes_of(fs, c)}
         assert codecs & {"nvcomp-ans", "nvcomp-gdeflate"}, codecs
-        assert m[2].base is not None and m[2].stored_bytes() < m[0].stored_bytes()
+        if direction == "forward":
+            assert m[2].base is not None and m[2].stored_bytes() < m[0].stored_bytes()
+        else:                       # the newest whole, the oldest deltas on the next
+            assert all(c.base is None for st in m[2].streams for c in st.chunks)
+            assert max(c.depth for st in m[0].streams for c in st.chunks) == 2
+            assert m[0].stored_bytes() < m[2].stored_bytes()
         for i, data in enumerate(series):
             r = fs.open_read(f"run/ckpt_{i}.pt")
             assert r.read(0, len(data)) == data
