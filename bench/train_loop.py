@@ -32,7 +32,8 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   --code-while-written``, coding while the kernel writes the file (the default codes
   once ``close()`` accepted it);
   ``mount-pt-full`` (``-cuda-full``): ``--passthrough --no-delta``, every checkpoint
-  stored whole — what the delta saves of ``mount-pt`` compare with, save by save;
+  stored whole — what the delta saves of ``mount-pt`` compare with, save by save
+  (``mount-full``, ``mount-cuda-full``: the same on the FUSE request path);
   ``mount-pt-ram`` (``-cuda-ram``): ``mount-pt`` with its cache dir on tmpfs
   (``/dev/shm``): the spool a save leaves as the file's local copy is not written back
   to disk during the training that follows. The
@@ -88,7 +89,7 @@ MODES = ("none", "local+sync", "local", "fuse-floor+sync", "fuse-floor", "fuse-f
          "dcp-async",
          "s4fs.save", "s4fs.async_save", "mount", "mount-wb", "mount-pt", "mount-wb-pt",
          "mount-cuda", "mount-wb-cuda", "mount-pt-cuda", "mount-wb-pt-cuda",
-         "mount-pt-full", "mount-pt-cuda-full",
+         "mount-full", "mount-cuda-full", "mount-pt-full", "mount-pt-cuda-full",
          "mount-wb-pt-follow", "mount-wb-pt-cuda-follow",
          "mount-pt-ram", "mount-pt-cuda-ram")
 C_FLOORS = ("fuse-c", "fuse-passthrough")      # the modes of libfuse's passthrough_hp
@@ -231,7 +232,9 @@ class Mode:
 
     def drain(self) -> None:
         self._wait()
-        if self.mountpoint and "-wb" in self.name:
+        if self.mountpoint and self.name.startswith("mount"):
+            # writeback: the commits; every mount: the re-expressions of the versions
+            # before as deltas (backward deltas), so that the stored bytes are final
             s4fs_cli("sync", self.mountpoint)
 
     def stored(self) -> int | None:
