@@ -76,10 +76,9 @@ class Outcome:
     deltas: int = 0                   # its chunks now deltas on the newer version
     shared: int = 0                   # its chunks now the newer version's own blobs
     uploaded: int = 0                 # bytes of new delta blobs
-    freed: int = 0                    # bytes of whole blobs it no longer uses
+    freed: int = 0                    # bytes of whole blobs the deltas replace
     moved: int = 0                    # bytes of blobs still in use moved out of packs
-                                      # the deltas left mostly dead (the collector frees
-                                      # whole packs)
+                                      # the deltas free (the collector frees whole packs)
     repointed: list[str] = field(default_factory=list)    # older versions rewritten
 
     @property
@@ -118,17 +117,17 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         out.why = (f"an older version would be read through {deepest} deltas "
                    f"(max_delta_depth {cfg.max_delta_depth}): kept whole, as their root")
         return out
+    # the newest version, when it shares blobs of the previous one's packs
+    newest = _current(fs.store, new_path, new)
     packs = PackWriter(fs.store, cfg, uploads=1)
     try:
-        mapping = _code_deltas(fs, cfg, old, new, mine, packs, out)
-        if not mapping:
+        mapping = _by_pack(fs, cfg, old, new, mine,
+                           [m for _, _, m in older] + ([newest[1]] if newest else []),
+                           packs, out)
+        if not mapping.refs:
             packs.abandon()
-            out.why = out.why or "no chunk is smaller as a delta"
+            out.why = "no pack of it is smaller with its chunks as deltas"
             return out
-        # the newest version, when it shares blobs of the previous one's packs
-        newest = _current(fs.store, new_path, new)
-        _compact(fs.store, old, [m for _, _, m in older] + ([newest[1]] if newest else []),
-                 mapping, packs, out)
         packs.finish()
     except BaseException:
         packs.abandon()
@@ -144,7 +143,6 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         out.deltas = out.shared = out.moved = 0
         return out
     fs.rewritten(old_path, fresh)
-    out.freed = sum(mine[k].stored for k in mapping.refs if k in mine)
     later = [(new_path, *newest)] if newest and _uses(newest[1], mapping) else []
     for path, data, m in later + older:
         again = _rewrite(m, mapping)
@@ -183,7 +181,7 @@ def likely_replaced(store: "Store", base: Manifest | None) -> frozenset:
     will likely be replaced by deltas once a newer one comes: those the version before
     ``base`` was re-expressed on (its deltas' own bases) — the tensors whose deltas paid
     last time. The new version packs them apart, so that their packs die whole rather
-    than being compacted (``_compact``). Empty when that is not known."""
+    than being compacted (``_by_pack``). Empty when that is not known."""
     info = (base.base or {}) if base is not None else {}
     if not info.get("path") or not info.get("id"):
         return frozenset()
@@ -249,93 +247,87 @@ def _depth_through(m: Manifest, blobs: set) -> int:
     return deepest
 
 
-def _code_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
-                 mine: dict, packs: PackWriter, out: Outcome) -> _Mapping:
-    """Code each whole blob of ``old`` that has a counterpart in ``new`` (same record,
-    dtype and size) as its XOR with it, and keep those that pay (added to ``packs``)."""
-    pairs = []
+#: a pack of the previous version is rewritten — its chunks that pay as deltas replaced,
+#: the blobs still in use moved out, the pack left to the collector — when the bytes it
+#: saves are at least this share of the bytes it moves: at most 4 bytes uploaded again
+#: per byte saved. A pack whose savings are smaller is left exactly as it was (replacing
+#: its chunks without freeing it would only add the deltas' bytes).
+COMPACT_RATIO = 0.25
+
+
+def _by_pack(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
+             mine: dict, others: list, packs: PackWriter, out: Outcome) -> _Mapping:
+    """Pack by pack of ``old``'s own packs: code each of its whole blobs that has a
+    counterpart in ``new`` (same record, dtype and size) as a delta on it (the chunk
+    rule's ``code_again``), then rewrite the pack when that pays in the bucket — the
+    collector frees packs, not blobs, so a pack is only worth touching when it can be
+    freed whole: its deltas and the blobs still in use elsewhere (``old``'s chunks that
+    stay whole, ``others``: the newest version's shared chunks, the older versions'
+    chains) go to ``packs``, and the bytes saved must be at least COMPACT_RATIO of the
+    bytes moved. One pack's deltas are held at a time."""
     theirs = base_streams(new)
+    pairs: dict = {}                       # old blob key -> (stream, i, their stream, b)
     for s in old.streams:
         t = theirs.get((s.name, s.dtype, s.length)) if s.kind == "tensor" else None
         if t is None or len(t.chunks) != len(s.chunks):
             continue
         for i, (a, b) in enumerate(zip(s.chunks, t.chunks)):
             if a.key() in mine and a.key() != b.key() and b.base is None and a.raw == b.raw:
-                pairs.append((s, i, t, a, b))
+                pairs[a.key()] = (s, i, t, b)
     mapping = _Mapping()
     if not pairs:
         return mapping
+    own = set(old.own_packs)
+    blobs: dict = {}                       # every blob of old's packs in use, by pack
+    for m in [old, *others]:
+        for s in m.streams:
+            for c in s.chunks:
+                r = c
+                while r is not None:
+                    if r.pack in own:
+                        blobs.setdefault(r.pack, {})[r.key()] = r
+                    r = r.base
     old_file, new_file = _copy(fs, old), _copy(fs, new)
     try:
-        for s, i, t, a, b in pairs:
-            got = _one(fs, cfg, s.dtype, (old_file, s, i, a), (new_file, t, i, b))
-            if got is None:
-                continue
-            if got == b"":
-                mapping.refs[a.key()] = b
-                out.shared += 1
-                continue
-            pack, off = packs.add(got)
-            mapping.refs[a.key()] = ChunkRef(pack, off, len(got), a.raw, a.checksum, 1, b)
-            out.deltas += 1
-            out.uploaded += len(got)
+        for pack in old.own_packs:
+            inside = blobs.get(pack, {})
+            coded = {}
+            for k, ref in inside.items():
+                if k in pairs:
+                    s, i, t, b = pairs[k]
+                    got = _one(fs, cfg, s.dtype, (old_file, s, i, ref), (new_file, t, i, b))
+                    if got is not None:
+                        coded[k] = got
+            saved = sum(inside[k].stored - len(blob) for k, blob in coded.items())
+            keep = sorted((r for k, r in inside.items() if k not in coded),
+                          key=lambda r: r.offset)
+            moving = sum(r.stored for r in keep)
+            if saved <= 0 or saved < COMPACT_RATIO * moving:
+                continue                   # left as it was
+            for k, blob in coded.items():
+                a, b = inside[k], pairs[k][3]
+                if blob == b"":
+                    mapping.refs[k] = b
+                    out.shared += 1
+                    continue
+                p, off = packs.add(blob)
+                mapping.refs[k] = ChunkRef(p, off, len(blob), a.raw, a.checksum, 1, b)
+                out.deltas += 1
+                out.uploaded += len(blob)
+                out.freed += a.stored
+            if keep:                       # one ranged read over the blobs kept
+                lo, hi = keep[0].offset, keep[-1].offset + keep[-1].stored
+                data = fs.store.get(pack, lo, hi)
+                for r in keep:
+                    p, off = packs.add(data[r.offset - lo: r.offset - lo + r.stored])
+                    # the same blob elsewhere: same bytes, same checksum, same base
+                    mapping.refs[r.key()] = dataclasses.replace(r, pack=p, offset=off)
+                    out.moved += r.stored
     finally:
         for f in (old_file, new_file):
             if f[0] is not None:
                 os.close(f[0])
     return mapping
-
-
-#: a pack is compacted (its blobs in use moved out) when its dead bytes are at least
-#: this share of the bytes to move: at most 4 bytes uploaded per byte freed
-COMPACT_RATIO = 0.25
-
-
-def _compact(store: "Store", old: Manifest, others: list, mapping: _Mapping,
-             packs: PackWriter, out: Outcome) -> None:
-    """Move the blobs still in use out of each of ``old``'s packs the deltas leave partly
-    dead (``COMPACT_RATIO``), so that the collector can free the whole pack (it frees
-    packs, not blobs). In use:
-    by ``old`` itself (its chunks that stay whole), by ``others`` (the newest version's
-    shared chunks, the older versions' chains)."""
-    own = set(old.own_packs)
-    blobs: dict = {}                       # key -> ref, every blob of old's packs
-    live: set = set()
-
-    def walk(ref: ChunkRef, keep: bool) -> None:
-        while ref is not None:
-            k = ref.key()
-            if ref.pack in own:
-                blobs.setdefault(k, ref)
-                if keep and k not in mapping.refs:
-                    live.add(k)
-            ref = ref.base
-    for m in [old, *others]:
-        for s in m.streams:
-            for c in s.chunks:
-                walk(c, True)
-    for ref in mapping.refs.values():       # the chains of what replaces them
-        walk(ref, True)
-    per_pack: dict = {}
-    for k, ref in blobs.items():
-        dead, keep = per_pack.setdefault(ref.pack, [0, []])
-        if k in live:
-            keep.append(ref)
-        else:
-            per_pack[ref.pack][0] += ref.stored
-    for pack, (dead, keep) in per_pack.items():
-        moving = sum(r.stored for r in keep)
-        if not dead or not keep or dead < COMPACT_RATIO * moving:
-            continue
-        keep.sort(key=lambda r: r.offset)
-        lo, hi = keep[0].offset, keep[-1].offset + keep[-1].stored
-        data = store.get(pack, lo, hi)     # one ranged read over the blobs kept
-        for r in keep:
-            blob = data[r.offset - lo: r.offset - lo + r.stored]
-            p, off = packs.add(blob)
-            # the same blob elsewhere: same bytes, same checksum, same base
-            mapping.refs[r.key()] = dataclasses.replace(r, pack=p, offset=off)
-            out.moved += len(blob)
 
 
 def _copy(fs: RewritePort, m: Manifest):
