@@ -114,10 +114,10 @@ def train(steps: int, every: int, device: str, ctx=256, batch=32, seed=0, width=
                                                for n, t in st.items()}
                                            for k, st in opt.state_dict()["state"].items()},
                                  "param_groups": opt.state_dict()["param_groups"]},
-                   "step": step, "loss": float(loss)}
+                   "step": step, "loss": loss.item()}
             b = io.BytesIO()
             torch.save(obj, b)
-            yield step, float(loss), b.getvalue()
+            yield step, loss.item(), b.getvalue()
 
 
 def main(argv=None) -> int:
