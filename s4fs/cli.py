@@ -556,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest tensors to break down by byte plane (default 12)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(fn=cmd_report)
-    sy = sub.add_parser("sync", help="wait until a mount has committed every file")
+    sy = sub.add_parser("sync", help="wait until a mount has committed every file (and "
+                                     "stored the versions before them as deltas on them)")
     sy.add_argument("mountpoint")
     sy.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sy.add_argument("--timeout", type=float,
