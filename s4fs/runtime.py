@@ -41,15 +41,16 @@ class Runtime:
 
     def __init__(self, cfg: RuntimeConfig | None = None) -> None:
         self.cfg = cfg or RuntimeConfig()
-        self.pools = Pools(gpu_worker_init=self.cfg.gpu_worker_init)
         self._lock = threading.Lock()
         self._threads: dict[str, ThreadPoolExecutor] = {}
+        self.pools = Pools(self.thread, gpu_worker_init=self.cfg.gpu_worker_init)
 
     def thread(self, name: str, workers: int = 1) -> ThreadPoolExecutor:
         """The executor called ``name``, of ``workers`` threads (the count of its first
         use): with one, what is submitted to it runs one after another (async saves;
         the device save's hashing, one codec stream kept); with more, side by side (a
-        passthrough spool hashed again at its commit)."""
+        passthrough spool hashed again at its commit, the packs every session uploads:
+        ``s4fs.write.ingest``, through ``pools.thread``)."""
         with self._lock:
             ex = self._threads.get(name)
             if ex is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from s4fs.codec import resolve_device
 from s4fs.coding._config import IngestConfig
@@ -15,10 +16,14 @@ class Pools:
     workers, one pool per (workers, nice), and the one GPU worker process; and the
     threads in-process sessions code and decode on (``coding.ThreadPool``). Each is made
     on first use and shared by every file, all stopped by :meth:`close` (a later use
-    starts them again). ``gpu_worker_init``: "module:function" run first in a new GPU worker
-    (tests install the emulated GPU there)."""
+    starts them again). ``threads``: the owner's named executors (``Runtime.thread``),
+    which :meth:`thread` hands to the sessions (their pack uploads); the owner stops
+    them. ``gpu_worker_init``: "module:function" run first in a new GPU worker (tests
+    install the emulated GPU there)."""
 
-    def __init__(self, gpu_worker_init: str | None = None) -> None:
+    def __init__(self, threads: Callable[[str, int], ThreadPoolExecutor],
+                 gpu_worker_init: str | None = None) -> None:
+        self.thread = threads
         self.gpu_worker_init = gpu_worker_init
         self._lock = threading.Lock()
         self._cpu: dict[tuple[int, int], CodingPool] = {}

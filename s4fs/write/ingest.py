@@ -34,16 +34,16 @@ from s4fs.stores import Store
 __all__ = ["IngestSession", "PackWriter"]
 
 
-class _Uploads:
-    """The process-wide thread pool every session's packs are uploaded on."""
+UPLOAD_THREADS = 16     # packs put in the store at once, over every session of an owner
 
-    _upload: ThreadPoolExecutor | None = None
 
-    @classmethod
-    def upload(cls) -> ThreadPoolExecutor:
-        if cls._upload is None:
-            cls._upload = ThreadPoolExecutor(16, thread_name_prefix="s4fs-upload")
-        return cls._upload
+def upload_threads(pools: Pools | None) -> ThreadPoolExecutor:
+    """The threads every session of ``pools``'s owner (its runtime) uploads packs on;
+    None: the process's runtime for the Python API (``s4fs.runtime.current``)."""
+    if pools is None:
+        from s4fs.runtime import current
+        pools = current().pools
+    return pools.thread("s4fs-upload", UPLOAD_THREADS)
 
 
 class _Open:
@@ -60,11 +60,13 @@ class _Open:
 class PackWriter:
     """Appends blobs to packs and uploads full packs in the background. Blobs of
     different *lanes* go to different packs (backward deltas: chunks likely to be
-    replaced by deltas later are packed apart, so that their packs die whole)."""
+    replaced by deltas later are packed apart, so that their packs die whole).
+    ``pools``: whose owner's threads upload the packs (:func:`upload_threads`)."""
 
     def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None,
-                 uploads: int | None = None):
+                 uploads: int | None = None, *, pools: Pools | None = None):
         self.store, self.cfg = store, cfg
+        self._pools = pools
         self.max_uploads = uploads or cfg.max_uploads     # packs written at once
         self.keys: list[str] = []
         self._open: dict[int, _Open] = {}
@@ -117,7 +119,7 @@ class PackWriter:
                 saw_pack(self.store, key, sum(memoryview(p).nbytes for p in parts))
             finally:
                 metrics.uploads_finished()
-        self._uploads.append(_Uploads.upload().submit(upload))
+        self._uploads.append(upload_threads(self._pools).submit(upload))
 
     def finish(self) -> None:
         for lane in list(self._open):
@@ -141,8 +143,9 @@ class _Pending:
 
 class IngestSession:
     """One file being written. Not thread-safe: one writer calls write()/finish().
-    Fed from ``spool_path`` with ``cfg.processes``, it codes in the worker processes of
-    ``pools``."""
+    ``pools``: its owner's (``Runtime.pools``): the threads it codes on and uploads its
+    packs on; fed from ``spool_path`` with ``cfg.processes``, the worker processes it
+    codes in."""
 
     def __init__(self, store: Store, cfg: IngestConfig = IngestConfig(), *,
                  base: Manifest | None = None, base_path: str | None = None, source=None,
@@ -155,7 +158,7 @@ class IngestSession:
             parser = new_parser()
         self.store, self.cfg = store, cfg
         self.parser = parser
-        self.packs = PackWriter(store, cfg, on_pack)
+        self.packs = PackWriter(store, cfg, on_pack, pools=pools)
         self.size = 0
         self.label = label
         self._written = 0                     # bytes given to write()

@@ -1,0 +1,64 @@
+"""The runtime owns what s4fs starts (STYLE 8b, 8c): the threads a save runs on are its
+runtime's and stop with it; a save leaves torch as it found it; one function says where
+a pipeline's coding runs; one builder makes a new version's manifest."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import s4fs
+from s4fs.coding import IngestConfig
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.runtime import Runtime
+from s4fs.stores import LocalStore
+from s4fs.write import IngestSession
+
+
+def _threads() -> set[threading.Thread]:
+    return set(threading.enumerate())
+
+
+def test_a_sessions_uploads_run_on_its_runtime_and_stop_with_it(tmp_path):
+    before = _threads()
+    rt = Runtime()
+    store = LocalStore(str(tmp_path / "store"))
+    s = IngestSession(store, IngestConfig(chunk_size=1 << 12, pack_size=1 << 14),
+                      pools=rt.pools)
+    data = bytes(range(256)) * 1024
+    s.write(data)
+    m = s.finish()
+    started = {t.name.split("_")[0] for t in _threads() - before}
+    assert "s4fs-upload" in started
+    assert m.size == len(data) and all(store.head(k).size > 0 for k in m.own_packs)
+    rt.close()
+    assert not [t for t in _threads() - before if t.is_alive()]
+
+
+def test_a_save_leaves_torch_as_it_was(tmp_path):
+    tag = torch.serialization.location_tag
+    store = tmp_path / "store"
+    store.mkdir()
+    w = torch.randn(1000)
+    state = {"a": w[10:], "b": w[:5], "c": torch.zeros(7, dtype=torch.int8),
+             "p": torch.nn.Parameter(torch.randn(3, 4)), "step": 3}
+    s4fs.save(state, str(store / "ckpt.pt"))
+    assert torch.serialization.location_tag is tag
+    ref = tmp_path / "ckpt.pt"
+    torch.save(state, str(ref))
+    assert s4fs.read_bytes(str(store / "ckpt.pt")) == ref.read_bytes()
+
+
+def test_a_filesystem_on_its_own_runtime_starts_no_other(tmp_path):
+    """Everything a save through a filesystem starts stops when its runtime closes."""
+    before = _threads()
+    rt = Runtime()
+    fs = Filesystem(LocalStore(str(tmp_path / "store")),
+                    FsConfig(cache_dir=str(tmp_path / "cache")), runtime=rt)
+    s = fs.new_session("x.bin", None)
+    s.write(b"\x01" * (5 << 20))
+    fs.commit("x.bin", s.finish())
+    fs.close()
+    rt.close()
+    assert not [t.name for t in _threads() - before if t.is_alive()]
