@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 import zlib
@@ -42,9 +41,6 @@ from s4fs.torch import Unsupported
 from s4fs.torch.layout import Layout, finish_layout, read_layout
 
 log = logging.getLogger("s4fs.save")
-
-_tls = threading.local()
-_hook_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -74,43 +70,56 @@ class Stages:
         last_stages[self.what] = dict(self.out)
 
 
-def _install_hook() -> None:
-    """Record, per thread, the storages ``torch.save`` meets, in the order it numbers
-    them (first appearance: torch keys storages by their first ``location_tag``)."""
-    import torch.serialization as ts
-    with _hook_lock:
-        if getattr(ts.location_tag, "_s4fs_hook", False):
-            return
-        orig = ts.location_tag
+class _Nowhere:
+    """A file that takes every write and keeps nothing."""
 
-        def location_tag(storage):
-            seen = getattr(_tls, "storages", None)
-            if seen is not None:
-                seen.setdefault(storage._cdata, storage)
-            return orig(storage)
-        location_tag._s4fs_hook = True
-        ts.location_tag = location_tag
+    def write(self, data) -> int:
+        return len(data)
+
+
+def saved_storages(obj, pickle_module=None, pickle_protocol: int | None = None) -> list:
+    """The storages ``torch.save(obj, ...)`` writes, in the order of their keys
+    (``data/0``, ``data/1``, ...). torch keys a storage at its first ``persistent_id``
+    while it pickles ``obj`` (``torch.serialization._save``); a pickler of the same
+    module and protocol, writing nowhere, meets them in the same order. Called under
+    ``skip_data`` as torch's own pickling was: tensors reduce the same way there."""
+    import pickle
+    import torch
+    module = pickle_module if pickle_module is not None else pickle
+    protocol = (pickle_protocol if pickle_protocol is not None
+                else torch.serialization.DEFAULT_PROTOCOL)
+    seen: dict = {}                 # storage._cdata -> (key, storage), in key order
+
+    class Scan(module.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, torch.storage.TypedStorage):
+                o = o._untyped_storage
+            elif not torch.is_storage(o):
+                return None
+            return seen.setdefault(o._cdata, (str(len(seen)), o))[0]
+
+    Scan(_Nowhere(), protocol=protocol).dump(obj)
+    return [st for _, st in seen.values()]
 
 
 def layout(obj, name: str, **save_kwargs) -> Layout:
     """torch's layout of ``torch.save(obj, <dir>/name)``: a sparse scratch file written
-    by torch with ``skip_data``, read back (its headers only)."""
+    by torch with ``skip_data``, read back (its headers only), and the storages it
+    holds (:func:`saved_storages`)."""
     import torch
     if save_kwargs.get("_use_new_zipfile_serialization", True) is False:
         raise Unsupported("the legacy (non-zip) torch format")
     if not hasattr(torch.serialization, "skip_data"):
         raise Unsupported("this torch has no serialization.skip_data")
-    _install_hook()
     tmp = tempfile.mkdtemp(prefix="s4fs-layout-")
     path = os.path.join(tmp, name)
-    _tls.storages = {}
     try:
         with torch.serialization.skip_data():
             torch.save(obj, path, **save_kwargs)
-        storages = list(_tls.storages.values())
+            storages = saved_storages(obj, save_kwargs.get("pickle_module"),
+                                      save_kwargs.get("pickle_protocol"))
         return read_layout(path, storages)
     finally:
-        _tls.storages = None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -288,7 +297,8 @@ class _DeviceSave:
         # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
         packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                            uploads=None if cache is not None else
-                           max(self.cfg.max_uploads, self.job.config.uploads))
+                           max(self.cfg.max_uploads, self.job.config.uploads),
+                           pools=self.fs.pools)
         bases = self._bases()
         st.mark("plan (pickle scan, streams, delta base)")
         hashing = None
