@@ -14,80 +14,20 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from s4fs.errors import Busy, InvalidArgument
+from s4fs.mtab import SUBTYPE, fsname_option, mounts_at
 
 log = logging.getLogger("s4fs.mount")
 
 #: how long a FUSE mount found at the mountpoint has to answer statvfs
 PROBE_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    """One line of /proc/self/mountinfo."""
-    mount_id: int
-    parent_id: int
-    device: str               # major:minor; for FUSE the minor is the connection number
-    path: str
-    fstype: str               # "fuse.s4fs", "fuse", "fuseblk", "tmpfs", ...
-    source: str
-
-    @property
-    def is_fuse(self) -> bool:
-        return self.fstype.split(".", 1)[0] in ("fuse", "fuseblk")
-
-
-def _unescape(field: bytes) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes (``\\040``)."""
-    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]),
-                              field))
-
-
-def _resolve(mountpoint: str) -> str:
-    """The absolute path the kernel mounts on, found without a stat of ``mountpoint``
-    itself (that would call into a hung FUSE daemon there)."""
-    path = os.path.abspath(mountpoint)
-    parent = os.path.realpath(os.path.dirname(path))
-    path = os.path.join(parent, os.path.basename(path))
-    try:
-        return os.path.realpath(os.path.join(parent, os.readlink(path)))
-    except OSError:                          # not a symlink (or not there)
-        return path
-
-
-def mounts_at(mountpoint: str) -> list[MountEntry]:
-    """The mounts whose mountpoint is exactly ``mountpoint``; the one on top (the one a
-    path lookup reaches) is last."""
-    target = _resolve(mountpoint)
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        left, sep, right = line.partition(b" - ")
-        fields, rest = left.split(), right.split()
-        if not sep or len(fields) < 5 or not rest:
-            continue
-        path = _unescape(fields[4])
-        if path == target:
-            found.append(MountEntry(int(fields[0]), int(fields[1]), fields[2].decode(),
-                                    path, _unescape(rest[0]),
-                                    _unescape(rest[1]) if len(rest) > 1 else ""))
-    # stacked mounts: each one's parent is the mount below it at the same path
-    ids = {e.mount_id for e in found}
-    below = {e.parent_id for e in found if e.parent_id in ids}
-    return sorted(found, key=lambda e: e.mount_id not in below)
 
 
 READAHEAD_KB = 16384
@@ -309,8 +249,8 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
             starting.join(CPU_WARM_SECONDS)
     opts = set(pyfuse3.default_options)
     # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
-    opts.add("fsname=" + (source or fs.store.url).replace(",", "%2C"))
-    opts.add("subtype=s4fs")
+    opts.add(fsname_option(source or fs.store.url))
+    opts.add("subtype=" + SUBTYPE)
     if allow_other:
         opts.add("allow_other")
     opts.update(extra_options)

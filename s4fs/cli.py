@@ -26,10 +26,6 @@ _DELEGATED = {
     "runner": "s4fs.service.runner",
 }
 
-_GENERIC_MOUNT_OPTS = {"rw", "ro", "defaults", "auto", "noauto", "user", "nouser", "users",
-                       "_netdev", "nofail", "dev", "nodev", "suid", "nosuid", "exec",
-                       "noexec", "atime", "noatime", "relatime"}
-
 
 def _fs_config(args):
     from s4fs.fs import FsConfig
@@ -55,18 +51,6 @@ def _fs_config(args):
                     decoded_cache_bytes=None if size is None else _parse_size(size))
 
 
-def _chain_factor(text: str) -> float:
-    """``--max-chain-read``'s value: a number >= 1."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not x >= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a factor >= 1 (e.g. 1.25; 1 stores every change whole)")
-    return x
-
-
 def _parse_size(text: str) -> int:
     """``"20G"``, ``"512M"``, ``"0"`` (off), plain bytes."""
     t = str(text).strip().upper().removesuffix("B").removesuffix("I")
@@ -89,36 +73,8 @@ def cmd_mount(args) -> int:
         require_passthrough()
     if not args.foreground:
         from s4fs.mount import run_daemon
-        argv = ["mount", args.store, mountpoint]
-        if args.allow_other:
-            argv.append("--allow-other")
-        if args.cache_dir:
-            argv += ["--cache-dir", args.cache_dir]
-        if args.device:
-            argv += ["--device", args.device]
-        if args.uid is not None:
-            argv += ["--uid", str(args.uid)]
-        argv += ["--gc-interval", str(args.gc_interval)]
-        if args.gid is not None:
-            argv += ["--gid", str(args.gid)]
-        if args.verbose:
-            argv.append("-v")
-        if args.writeback:
-            argv.append("--writeback")
-        if args.code_while_written:
-            argv.append("--code-while-written")
-        if args.passthrough != "auto":
-            argv.append("--passthrough" if args.passthrough == "on" else "--no-passthrough")
-        if args.no_delta:
-            argv.append("--no-delta")
-        if args.forward_deltas:
-            argv.append("--forward-deltas")
-        if args.max_chain_read is not None:
-            argv += ["--max-chain-read", repr(args.max_chain_read)]
-        if args.cache_size is not None:
-            argv += ["--cache-size", args.cache_size]
-        if args.workers:
-            argv += ["--workers", str(args.workers)]
+        from s4fs.options import daemon_flags
+        argv = ["mount", args.store, mountpoint, *daemon_flags(args)]
         log_file = args.log_file or (os.path.join(args.cache_dir, "s4fs-mount.log")
                                      if args.cache_dir else None)
         if args.cache_dir:
@@ -462,66 +418,14 @@ def cmd_gc(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from s4fs.codec import AUTO_GPU_BELOW_CORES, DEVICES
+    from s4fs.options import add_arguments
     p = argparse.ArgumentParser(prog="s4fs", description="lossless checkpoint filesystem")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("mount", help="mount a store")
     m.add_argument("store")
     m.add_argument("mountpoint")
-    m.add_argument("--foreground", "-f", action="store_true")
-    m.add_argument("--allow-other", action="store_true")
-    m.add_argument("--cache-dir")
-    m.add_argument("--device", choices=list(DEVICES),
-                   help="where new chunks are coded and cold files decoded ahead: cpu "
-                        "(default: worker processes; files any machine reads), cuda (the "
-                        "GPU worker, in batches; nvCOMP ANS planes, read where a GPU is) "
-                        "or auto (the GPU on machines with fewer than "
-                        f"{AUTO_GPU_BELOW_CORES} cores, else the CPU)")
-    m.add_argument("--gc-interval", type=float, default=3600.0,
-                   help="seconds between background garbage collections (0: never)")
-    m.add_argument("--uid", type=int, help="show files as owned by this user id")
-    m.add_argument("--gid", type=int, help="show files as owned by this group id")
-    m.add_argument("--log-file", help="daemon log (default: CACHE_DIR/s4fs-mount.log)")
-    m.add_argument("--writeback", action="store_true",
-                   help="close() returns once the bytes are on local disk; commits run in "
-                        "the background (journalled; `s4fs sync` waits for them)")
-    m.add_argument("--code-while-written", action="store_true",
-                   help="with --writeback under FUSE passthrough: code a file while the "
-                        "kernel writes it, not only once close() accepted it (in the "
-                        "store a little sooner; the coding then competes with the save)")
-    m.add_argument("--passthrough", action="store_const", const="on", default="auto",
-                   help="insist on FUSE passthrough: the kernel writes a file being saved "
-                        "straight into its spool, and reads a file kept whole on local "
-                        "disk straight from it (Linux >= 6.9, root, and pyfuse3 built with "
-                        "it — `s4fs build-passthrough`, docs/OPERATING.md). Default: used where "
-                        "all three are there, else FUSE requests (the log says why)")
-    m.add_argument("--no-passthrough", dest="passthrough", action="store_const", const="off",
-                   help="never use FUSE passthrough: every read and write is a FUSE request")
-    m.add_argument("--no-delta", action="store_true",
-                   help="store every file whole, never as a delta of the previous "
-                        "checkpoint (each stands alone; more bytes stored)")
-    m.add_argument("--forward-deltas", action="store_true",
-                   help="store each new checkpoint as a delta of the one before (the chain "
-                        "read budget, --max-chain-read, bounds what a fresh node reads). "
-                        "Default: backward deltas — the newest checkpoint whole, the one "
-                        "before re-expressed as deltas on it in the background "
-                        "(docs/DELTA.md)")
-    m.add_argument("--max-chain-read", type=_chain_factor, metavar="X",
-                   help="with --forward-deltas, a checkpoint is stored as a delta of the "
-                        "one before only while "
-                        "the chunk's delta chain holds at most X times the bytes of its "
-                        "last whole copy: what a fresh node fetches and decodes to load "
-                        "it (default 1.25; 1 stores every change whole, larger values "
-                        "trade slower fresh-node loads for fewer stored bytes)")
-    m.add_argument("--cache-size",
-                   help="disk kept for whole files just written or read (e.g. 20G; 0: "
-                        "off; default a quarter of the cache disk's free space, <= 64G)")
-    m.add_argument("--workers", type=int,
-                   help="coding worker processes (default: one per core; 0: code in the "
-                        "daemon's own threads)")
-    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
-    m.add_argument("-v", "--verbose", action="store_true")
+    add_arguments(m)                    # s4fs/options.py declares them
     m.set_defaults(fn=cmd_mount)
     u = sub.add_parser("umount", help="unmount")
     u.add_argument("mountpoint")
@@ -612,19 +516,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# mount(8) options without a value, as the mount's flags
-_FLAG_OPTIONS = {"writeback": "--writeback", "passthrough": "--passthrough",
-                 "nopassthrough": "--no-passthrough", "nodelta": "--no-delta",
-                 "forward_deltas": "--forward-deltas",
-                 "code_while_written": "--code-while-written"}
-
-
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.fuse.s4fs STORE MOUNTPOINT [-o opts]`` — used by ``mount -t fuse.s4fs``
-    and /etc/fstab. Options: allow_other, cache_dir=D, device=cpu|cuda|auto, writeback,
-    code_while_written, passthrough, nopassthrough, nodelta, forward_deltas,
-    cache_size=N, workers=N, max_chain_read=X, uid=N, gid=N; generic
-    mount options (rw, noauto, _netdev, x-systemd.*, ...) are ignored."""
+    and /etc/fstab. The -o names are declared in s4fs/options.py (``python -m
+    s4fs.options --markdown`` lists them); generic mount options (rw, noauto, _netdev,
+    x-systemd.*, ...) are ignored."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2:
         print("usage: mount.fuse.s4fs STORE MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
@@ -637,30 +533,9 @@ def mount_helper(argv: list[str] | None = None) -> int:
             opts += rest.pop(0).split(",")
         elif a.startswith("-o"):
             opts += a[2:].split(",")
-    cmd = ["mount", store, mountpoint]
-    for o in opts:
-        k, _, v = o.partition("=")
-        if k == "allow_other":
-            cmd.append("--allow-other")
-        elif k == "cache_dir":
-            cmd += ["--cache-dir", v]
-        elif k == "device":
-            cmd += ["--device", v]
-        elif k in _FLAG_OPTIONS:
-            cmd.append(_FLAG_OPTIONS[k])
-        elif k == "cache_size":
-            cmd += ["--cache-size", v]
-        elif k == "workers":
-            cmd += ["--workers", v]
-        elif k == "max_chain_read":
-            cmd += ["--max-chain-read", v]
-        elif k in ("uid", "gid"):
-            cmd += [f"--{k}", v]
-        elif k in _GENERIC_MOUNT_OPTS or k.startswith("x-") or k.startswith("comment"):
-            continue
-        else:
-            print(f"mount.fuse.s4fs: ignoring unknown option {o!r}", file=sys.stderr)
-    return main(cmd)
+    from s4fs.options import flags_from_o
+    flags = flags_from_o(opts, lambda why: print(f"mount.fuse.s4fs: {why}", file=sys.stderr))
+    return main(["mount", store, mountpoint, *flags])
 
 
 if __name__ == "__main__":

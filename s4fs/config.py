@@ -23,6 +23,10 @@ before the first ``[table]`` (a TOML rule)::
     [runner]
     manage_mount = true                    # false: wait for a mount made by mnt-s4.mount
 
+``cache_dir``, ``device`` and ``allow_other`` are the ``s4fs mount`` options of those
+names (declared with ``config=True`` in :mod:`s4fs.options`); :meth:`Config.mount_flags`
+turns them into the mount's flags.
+
 A bad file raises :class:`ConfigError`, whose message names the file, the key, what was
 wrong and what to write instead.
 """
@@ -37,6 +41,7 @@ from typing import Any
 
 from s4fs.codec import DEVICES
 from s4fs.errors import InvalidArgument
+from s4fs.options import OPTIONS, to_flags
 
 DEFAULT_PATH = "/etc/s4fs/config.toml"
 ENV_VAR = "S4FS_CONFIG"
@@ -94,6 +99,10 @@ class Config:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     #: the file this was read from (None: built-in defaults)
     source: str | None = field(default=None, compare=False)
+
+    def mount_flags(self) -> list[str]:
+        """The ``s4fs mount`` flags for the mount options this config sets."""
+        return to_flags({o.name: getattr(self, o.name) for o in OPTIONS if o.config})
 
 
 _TABLES = {"health": HealthConfig, "marketplace": MarketplaceConfig, "runner": RunnerConfig}

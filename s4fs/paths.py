@@ -11,7 +11,6 @@ save and load (``s4fs.torch``) both find their files here.
 from __future__ import annotations
 
 import atexit
-import builtins
 import io
 import os
 import threading
@@ -20,9 +19,9 @@ from urllib.parse import unquote, urlparse
 from s4fs import keys
 from s4fs.errors import InvalidArgument, PermissionDenied
 from s4fs.fs import Filesystem, FsConfig
+from s4fs.mtab import s4fs_mount_of
 from s4fs.stores import LocalStore, open_store
 
-builtins_open = builtins.open
 _lock = threading.Lock()
 _open: dict[str, Filesystem] = {}
 
@@ -95,26 +94,11 @@ def _through_mount(full: str):
 def mount_of(path) -> tuple[str, str, str] | None:
     """``(store URL, mountpoint, path inside the store)`` when ``path`` lies under an
     s4fs mount of this machine, else None."""
-    full = os.path.abspath(os.fspath(path))
-    try:
-        with builtins_open("/proc/self/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    found = s4fs_mount_of(os.path.abspath(os.fspath(path)))
+    if found is None:
         return None
-    best = None
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3 or parts[2] != "fuse.s4fs":
-            continue
-        source = parts[0].replace("\\040", " ").replace("%2C", ",")
-        point = parts[1].replace("\\040", " ")
-        if full == point or full.startswith(point.rstrip("/") + "/"):
-            if best is None or len(point) > len(best[1]):
-                best = (source, point)
-    if best is None:
-        return None
-    rel = os.path.relpath(full, best[1]).replace(os.sep, "/")
-    return best[0], best[1], "" if rel == "." else rel
+    entry, rel = found
+    return entry.store, entry.path, rel
 
 
 def _resolve_s3(url: str, create: bool) -> tuple[Filesystem, str]:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from s4fs.mtab import mounts_at
+
 log = logging.getLogger(__name__)
 
 #: store keys probed by the store check; nothing lives there, so listing it is cheap
@@ -120,37 +122,12 @@ class Health:
 # --- probes --------------------------------------------------------------------------
 
 def mount_entry(path: str) -> tuple[str, str] | None:
-    """``(fstype, source)`` of the mount at exactly ``path`` from /proc/self/mountinfo,
-    or None. Reading mountinfo never calls into the filesystem, so a hung FUSE daemon
-    cannot block it (``os.path.ismount`` would stat the mount, and as a user without
-    ``allow_other`` access that stat fails even when the mount is fine)."""
-    target = os.path.realpath(path)
-    found = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) >= 5 and _unescape(fields[4]) == target:
-                    rest = right.split()
-                    found = (rest[0], _unescape(rest[1]) if len(rest) > 1 else "")
-    except OSError:
-        return None
-    return found                             # the last entry is the one on top
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    out, i = [], 0
-    while i < len(field):
-        code = field[i + 1:i + 4]
-        if field[i] == "\\" and len(code) == 3 and code.isdigit():
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    """``(fstype, source)`` of the mount on top at exactly ``path``, or None. Read from the
+    mount table (:mod:`s4fs.mtab`), which never calls into the filesystem, so a hung FUSE
+    daemon cannot block it (``os.path.ismount`` would stat the mount, and as a user
+    without ``allow_other`` access that stat fails even when the mount is fine)."""
+    entries = mounts_at(path)
+    return (entries[-1].fstype, entries[-1].source) if entries else None
 
 
 def mount_probe(mountpoint: str) -> Callable[[], str]:
