@@ -49,6 +49,8 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import time
+import uuid
 from dataclasses import dataclass, field
 
 import zstandard
@@ -252,6 +254,74 @@ class Manifest:
                    names=doc.get("names", {}), base=doc.get("base"),
                    own_packs=packs[: doc.get("own", 0)],
                    **{k: doc[k] for k in _TIMES_NS if k in doc})
+
+
+def stored_split(m: Manifest) -> dict:
+    """How one version's bytes were stored: ``stored_delta`` and ``stored_full`` (bytes
+    in its own packs, as deltas / whole chunks), ``unchanged`` (logical bytes of chunks
+    reused from an earlier version), ``chain_depth``, ``read_cold`` (stored bytes a node
+    with nothing cached fetches to read it: every blob of every chunk's delta chain,
+    once). The one place this is counted: ``s4fs stat``, ``s4fs report`` and the
+    metrics all use it."""
+    own = set(m.own_packs)
+    delta_bytes = full_bytes = reused = depth = 0
+    blobs: dict[tuple[str, int], int] = {}
+    for s in m.streams:
+        for c in s.chunks:
+            if c.pack not in own:
+                reused += c.raw
+            elif c.base is not None:
+                delta_bytes += c.stored
+            else:
+                full_bytes += c.stored
+            depth = max(depth, c.depth)
+            link = c
+            while link is not None:
+                blobs[link.key()] = link.stored
+                link = link.base
+    return {"stored_delta": delta_bytes, "stored_full": full_bytes, "unchanged": reused,
+            "chain_depth": depth, "read_cold": sum(blobs.values())}
+
+
+class ManifestBuilder:
+    """A new version's manifest, built as its bytes are placed in file order: the one
+    place one is assembled (``s4fs.write.IngestSession``, the device save of
+    ``s4fs.torch.save``). Stream 0 is the raw stream (:attr:`raw`); :meth:`add` appends
+    a tensor stream, :meth:`place` maps the next bytes of the file into a stream (a run
+    contiguous in both joins the extent before it), :meth:`build` makes the manifest."""
+
+    def __init__(self) -> None:
+        self.raw = Stream("raw")
+        self.streams: list[Stream] = [self.raw]
+        self.extents: list[list[int]] = []
+
+    def add(self, stream: Stream) -> int:
+        """Append ``stream``; its index."""
+        self.streams.append(stream)
+        return len(self.streams) - 1
+
+    def place(self, offset: int, n: int, sidx: int, soff: int) -> None:
+        """The file's bytes [offset, offset + n) are stream ``sidx``'s from ``soff``."""
+        if self.extents:
+            last = self.extents[-1]
+            if last[2] == sidx and last[3] + last[1] == soff and last[0] + last[1] == offset:
+                last[1] += n
+                return
+        self.extents.append([offset, n, sidx, soff])
+
+    def build(self, *, size: int, xxh128: str, kind: str, names: dict, own_packs,
+              base: dict | None, mode: int = 0o100644, mtime: float | None = None,
+              mtime_ns: int | None = None, atime_ns: int | None = None) -> Manifest:
+        """The manifest of a new version (a fresh id, made now: ``ctime_ns``), its mtime
+        ``mtime_ns``, else ``mtime`` in seconds, else now."""
+        now = time.time_ns()
+        if mtime_ns is None:
+            mtime_ns = now if mtime is None else seconds_to_ns(mtime)
+        return Manifest(size=size, xxh128=xxh128, mtime=mtime_ns / 1e9, mtime_ns=mtime_ns,
+                        atime_ns=atime_ns, ctime_ns=now, mode=mode, kind=kind,
+                        id=uuid.uuid4().hex, streams=self.streams,
+                        extents=[tuple(e) for e in self.extents], names=names,
+                        own_packs=list(own_packs), base=base)
 
 
 def _inflate(body: bytes, where: str):

@@ -19,7 +19,7 @@ variable everything stays in-process (the Python API, tests).
 
 Metrics (all prefixed ``s4fs_``): ``logical_bytes_total`` and ``stored_bytes_total`` of
 saved files (with ``stored_delta_bytes_total`` and ``unchanged_bytes_total``, split as
-``s4fs stat`` and ``s4fs report`` split them: :func:`s4fs.report.stored_split`), ``compression_ratio`` (stored / logical, computed at scrape time from the
+``s4fs stat`` and ``s4fs report`` split them: :func:`s4fs.manifest.stored_split`), ``compression_ratio`` (stored / logical, computed at scrape time from the
 two totals), ``loaded_bytes_total``, ``save_seconds`` and ``load_seconds`` histograms,
 ``last_save_timestamp_seconds``, ``uploads_in_flight`` and ``errors_total{kind}``. File
 paths are deliberately not labels: one series per checkpoint would grow without bound.

@@ -21,35 +21,10 @@ import io
 import re
 from collections import defaultdict
 
+from s4fs.manifest import stored_split  # also imported from here: s4fs.report.stored_split
+
 FAMILIES = ("weights", "exp_avg", "exp_avg_sq", "other")
 _FLOAT = ("float", "bfloat", "half", "double", "complex")
-
-
-def stored_split(m) -> dict:
-    """How one version's bytes were stored: ``stored_delta`` and ``stored_full`` (bytes
-    in its own packs, as deltas / whole chunks), ``unchanged`` (logical bytes of chunks
-    reused from an earlier version), ``chain_depth``, ``read_cold`` (stored bytes a node
-    with nothing cached fetches to read it: every blob of every chunk's delta chain,
-    once). The one place this is counted: ``s4fs stat``, ``s4fs report`` and the
-    metrics all use it."""
-    own = set(m.own_packs)
-    delta_bytes = full_bytes = reused = depth = 0
-    blobs: dict[tuple[str, int], int] = {}
-    for s in m.streams:
-        for c in s.chunks:
-            if c.pack not in own:
-                reused += c.raw
-            elif c.base is not None:
-                delta_bytes += c.stored
-            else:
-                full_bytes += c.stored
-            depth = max(depth, c.depth)
-            link = c
-            while link is not None:
-                blobs[link.key()] = link.stored
-                link = link.base
-    return {"stored_delta": delta_bytes, "stored_full": full_bytes, "unchanged": reused,
-            "chain_depth": depth, "read_cold": sum(blobs.values())}
 
 
 def file_report(fs, rel: str) -> dict:

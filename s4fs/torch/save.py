@@ -32,7 +32,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -201,7 +200,7 @@ class _Save:
         self.stages.mark("commit")
         self.snap = []
         from s4fs import metrics
-        from s4fs.report import stored_split
+        from s4fs.manifest import stored_split
         split = stored_split(m)
         metrics.observe_save(self.rel, m.size, m.stored_bytes(),
                              time.perf_counter() - self.t0,
@@ -243,7 +242,7 @@ class _DeviceSave:
         import torch
         from s4fs.codec import gpu
         from s4fs.write import PackWriter
-        from s4fs.manifest import Manifest, Stream
+        from s4fs.manifest import ManifestBuilder, Stream
         from s4fs.parse import itemsize, scan_pickle
         gpu.require()
         lay, st = self.job.lay, self.job.stages
@@ -277,19 +276,19 @@ class _DeviceSave:
         # 3. streams: raw (every host byte) + one per storage record, as the parser makes
         pkl = next(r for r in lay.records if r.name == "data.pkl")
         scan = scan_pickle(lay.read(pkl.data, pkl.size))
-        raw = Stream("raw")
-        streams, extents, raw_len, jobs = [raw], [], 0, []
+        version = ManifestBuilder()
+        raw = version.raw
+        raw_len, jobs = 0, []
         for off, (kind, what) in lay.pieces():
             if kind == "host":
-                extents.append((off, len(what), 0, raw_len))
+                version.place(off, len(what), 0, raw_len)
                 raw_len += len(what)
                 continue
             size = lay.storage_records[what].size
             info = scan.storages.get(str(what))
             dtype = info.dtype if info is not None else "bytes"
             s = Stream("tensor", dtype if size % itemsize(dtype) == 0 else "bytes", f"data/{what}")
-            streams.append(s)
-            extents.append((off, size, len(streams) - 1, 0))
+            version.place(off, size, version.add(s), 0)
             jobs.append((s, what))
         cache = self.fs.pack_cache
         # without a pack cache a pack in flight is a list of views of the batch's pinned
@@ -328,10 +327,8 @@ class _DeviceSave:
         finally:
             _gpu_release(self.device)
         names = {f"data/{k}": v for k, v in scan.names.items()}
-        return Manifest(size=lay.size, xxh128=digest, mtime=time.time(), mode=0o100644,
-                        kind="torch-zip", id=uuid.uuid4().hex, streams=streams,
-                        extents=extents, names=names, own_packs=list(packs.keys),
-                        base=self.base_info)
+        return version.build(size=lay.size, xxh128=digest, kind="torch-zip", names=names,
+                             own_packs=packs.keys, base=self.base_info)
 
     def _bases(self) -> dict:
         """The delta base's tensor streams by (name, dtype, length), its record kept in

@@ -16,7 +16,6 @@ writes it (the commit). Nothing the session wrote is visible before that.
 from __future__ import annotations
 
 import time
-import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from s4fs import keys, metrics
 from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, Pools,
                          SpoolCoding, ThreadPool, base_chunk, base_streams, saw_pack)
 from s4fs.errors import CodecError
-from s4fs.manifest import ChunkRef, Manifest, Stream, seconds_to_ns
+from s4fs.manifest import ChunkRef, Manifest, ManifestBuilder, Stream
 from s4fs.stores import Store
 
 __all__ = ["IngestSession", "PackWriter"]
@@ -164,12 +163,12 @@ class IngestSession:
         self._written = 0                     # bytes given to write()
         self._hash = xxhash.xxh3_128()        # over the bytes given to write()
         self._routed = xxhash.xxh3_128()      # over the bytes the parser handed back
-        self._raw = Stream("raw")
-        self._streams: list[Stream] = [self._raw]
-        self._extents: list[list[int]] = []
+        self._m = ManifestBuilder()           # the streams and extents so far
+        self._raw = self._m.raw
         self._raw_buf = bytearray()
         self._raw_len = 0                     # bytes of the raw stream so far
         self._tensor: Stream | None = None    # tensor stream being filled
+        self._tensor_sidx = 0                 # its index
         self._tensor_seg = -1
         self._tensor_buf = bytearray()
         self._tensor_len = 0
@@ -226,7 +225,7 @@ class IngestSession:
                 self._tensor_piece(seg, piece)
             else:
                 self._end_tensor()
-                self._extend(0, self._raw_len, n)
+                self._m.place(self.size, n, 0, self._raw_len)
                 self._raw_len += n
                 if self._proc is not None:
                     self._proc.raw_piece(self.size, piece)
@@ -239,24 +238,15 @@ class IngestSession:
                     self._emit(self._raw, chunk, "bytes", None)
             self.size += n
 
-    def _extend(self, sidx: int, soff: int, n: int) -> None:
-        if self._extents:
-            last = self._extents[-1]
-            if last[2] == sidx and last[3] + last[1] == soff and last[0] + last[1] == self.size:
-                last[1] += n
-                return
-        self._extents.append([self.size, n, sidx, soff])
-
     def _tensor_piece(self, seg, piece) -> None:
         if seg.index != self._tensor_seg:
             self._end_tensor()
             self._tensor = Stream("tensor", seg.dtype, seg.name)
-            self._streams.append(self._tensor)
+            self._tensor_sidx = self._m.add(self._tensor)
             self._tensor_seg = seg.index
             self._tensor_len = 0
             self._tensor_base = self._match_base(seg)
-        sidx = len(self._streams) - 1
-        self._extend(sidx, self._tensor_len, len(piece))
+        self._m.place(self.size, len(piece), self._tensor_sidx, self._tensor_len)
         self._tensor_len += len(piece)
         if self._proc is not None:
             self._proc.tensor_piece(self.size, piece, self._tensor, self._tensor_base)
@@ -361,18 +351,12 @@ class IngestSession:
             names = dict(self.parser.tensor_names())
         except Exception:
             pass
-        streams = self._streams
-        now = time.time_ns()
-        if mtime_ns is None:
-            mtime_ns = now if mtime is None else seconds_to_ns(mtime)
-        return Manifest(size=self.size, xxh128=self._hash.hexdigest(),
-                        mtime=mtime_ns / 1e9, mtime_ns=mtime_ns, atime_ns=atime_ns,
-                        ctime_ns=now, mode=mode,
-                        kind=getattr(self.parser, "format", "raw"), id=uuid.uuid4().hex,
-                        streams=streams, extents=[tuple(e) for e in self._extents],
-                        names=names, own_packs=list(self.packs.keys) +
-                        (self._proc.packs if self._proc is not None else []),
-                        base=self._base_info)
+        return self._m.build(size=self.size, xxh128=self._hash.hexdigest(),
+                             kind=getattr(self.parser, "format", "raw"), names=names,
+                             own_packs=list(self.packs.keys) +
+                             (self._proc.packs if self._proc is not None else []),
+                             base=self._base_info, mode=mode, mtime=mtime,
+                             mtime_ns=mtime_ns, atime_ns=atime_ns)
 
     def abort(self) -> None:
         """Give up: nothing becomes visible; uploaded packs are left to the collector."""

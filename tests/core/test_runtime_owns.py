@@ -62,3 +62,20 @@ def test_a_filesystem_on_its_own_runtime_starts_no_other(tmp_path):
     fs.close()
     rt.close()
     assert not [t.name for t in _threads() - before if t.is_alive()]
+
+
+def test_one_builder_makes_a_new_versions_manifest():
+    from s4fs.manifest import Manifest, ManifestBuilder, Stream, stored_split
+    from s4fs.report import stored_split as from_report
+    b = ManifestBuilder()
+    b.place(0, 10, 0, 0)
+    b.place(10, 4, b.add(Stream("tensor", "float32", "data/0")), 0)
+    b.place(14, 3, 0, 10)                # the raw stream again: a new extent
+    b.place(17, 3, 0, 13)                # contiguous in file and stream: joins it
+    m = b.build(size=20, xxh128="0" * 32, kind="raw", names={}, own_packs=[], base=None,
+                mtime=1.5)
+    assert m.extents == [(0, 10, 0, 0), (10, 4, 1, 0), (14, 6, 0, 10)]
+    assert m.mtime_ns == 1_500_000_000 and m.ctime_ns >= m.mtime_ns and m.id
+    assert from_report is stored_split
+    assert stored_split(m)["stored_full"] == 0
+    assert isinstance(m, Manifest)
