@@ -13,7 +13,9 @@
 
 Configuration (``device = "auto" | "cpu" | "cuda"`` in s4fs.toml, ``--device`` on the
 command line, ``device=`` in the API) is checked by :func:`check` and mapped by these
-functions; nothing else in s4fs chooses a device.
+functions; nothing else in s4fs chooses a device. Which executor runs a pipeline (worker
+processes or threads, and which pool) is ``s4fs.coding.placement``'s choice, built on
+:func:`pipeline`.
 """
 
 from __future__ import annotations

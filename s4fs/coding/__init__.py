@@ -10,6 +10,9 @@
   :func:`note_unreadable_base`);
 * the jobs and results passed to pools (``_jobs``) and the one pool interface,
   :class:`CodingPool` (``_pool``);
+* where a pipeline runs, decided in one function (``_config``: :func:`placement`, a
+  :class:`Placement`): on the CPU or the GPU (the codec's choice of device), in worker
+  processes or threads of this process; the pools, sessions and readers ask it;
 * the pools: the CPU worker processes (``_cpu_pool``), the GPU worker process
   (``_gpu_pool``), both held by :class:`Pools` (``_pools``: made on first use, stopped
   by its owner, s4fs.runtime), threads of this process for the API (``_threads``); the
@@ -24,7 +27,7 @@ chunk source; never the write room, the filesystem or the API.
 from s4fs.coding._bases import (BaseFile, base_bytes, base_chunk, base_from_file, base_streams,
                                 collecting_notes, missing_packs, note_unreadable_base,
                                 readable_base, saw_pack)
-from s4fs.coding._config import IngestConfig
+from s4fs.coding._config import IngestConfig, Placement, placement
 from s4fs.coding._device_batch import code_items, code_on_device, decode_into
 from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, JobResult,
                                WorkerDied, died)
@@ -38,11 +41,12 @@ from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
 
 __all__ = [
     "BaseFile", "ChunkBatch", "CodingPool", "DELTA", "DecodeJob", "FULL", "GpuBatches",
-    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Pools", "SAME",
+    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Placement", "Pools", "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
     "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk",
     "code_items",
     "code_on_device", "collecting_notes", "decode_into",
     "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",
-    "lower_priority", "missing_packs", "note_unreadable_base", "readable_base", "saw_pack",
+    "lower_priority", "missing_packs", "note_unreadable_base", "placement", "readable_base",
+    "saw_pack",
 ]

@@ -39,3 +39,43 @@ class IngestConfig:
     # spool byte ranges in batches of about batch_bytes, one pack each.
     processes: bool = False
     batch_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pipeline's chunks are coded and a cold file is decoded ahead: the answer
+    of :func:`placement`, which every pool, session and reader asks."""
+
+    device: str          # "cpu" or "cuda"
+    processes: bool      # worker processes (they read spool files), else threads here
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def gpu_worker(self) -> bool:
+        """The GPU worker process codes and decodes; this process makes no CUDA context
+        (its reads of GPU-coded chunks go there too)."""
+        return self.gpu and self.processes
+
+    @property
+    def decodes_ahead(self) -> bool:
+        """Whether cold files are decoded ahead: by worker processes, or on this
+        process's GPU; threads of this process on its CPU only decode as it reads."""
+        return self.processes or self.gpu
+
+    def batch_bytes(self, cfg: IngestConfig) -> int:
+        """The raw bytes of one batch a pool codes or decodes (a whole GPU batch on the
+        device; a few MiB per CPU worker)."""
+        return cfg.gpu_batch_bytes if self.gpu else cfg.batch_bytes
+
+
+def placement(cfg: IngestConfig, *, spool: bool = True) -> Placement:
+    """Where a pipeline under ``cfg`` runs, decided here only. The device is the codec's
+    choice for a whole pipeline (``s4fs.codec.resolve_device``: "auto" is the GPU where
+    one is usable and the machine has few cores; "cuda" without one raises); worker
+    processes where ``cfg.processes`` and the bytes lie in a file they can read
+    (``spool``: a session fed from memory codes on threads of this process)."""
+    from s4fs.codec import resolve_device
+    return Placement(resolve_device(cfg.device), cfg.processes and spool)

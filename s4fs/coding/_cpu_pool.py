@@ -48,6 +48,12 @@ from s4fs.coding._worker import (init_worker, item_base, job_files, pwrite_all, 
 
 # --- the worker side ---------------------------------------------------------------------
 
+# A CPU worker codes and decodes (delta bases, decode ahead) on its CPU only: it never
+# makes a CUDA context (one per worker). The pool runs where s4fs.coding.placement puts the pipeline
+# on the CPU; a chunk only a GPU decodes fails its batch here, and its reader decodes it
+# in the daemon.
+DEVICE = "cpu"
+
 def code_batch(job: Job) -> JobResult:
     """Code one batch and store its pack (runs in a worker process)."""
     from s4fs import codec
@@ -75,13 +81,13 @@ def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes
     """The same choice as the in-process path: the chunk rule (code_chunk), on the
     CPU."""
     return code_chunk(data, item.dtype, item.checksum, item.base,
-                      lambda: item_base(job, item, base_fd), job.cfg, device="cpu")
+                      lambda: item_base(job, item, base_fd, DEVICE), job.cfg, device=DEVICE)
 
 
 def decode_batch(job: DecodeJob) -> int:
     """Fetch, decode (each chunk checked against its checksum) and place one batch of a
     file's chunks at their file offsets (runs in a worker process)."""
-    src = source_for(job.store)
+    src = source_for(job.store, DEVICE)
     fd = os.open(job.target, os.O_WRONLY)
     try:
         with src.staged(job.staged), src.preloaded([ref for ref, _ in job.items]):

@@ -53,6 +53,7 @@ from s4fs.errors import CodecError
 log = logging.getLogger(__name__)
 
 THREADS = 8            # batches the worker reads, codes or writes at once
+DEVICE = "auto"        # the worker decodes nvCOMP planes on the GPU, the others on its CPU
 MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batch_bytes)
 
 
@@ -66,7 +67,7 @@ def code_batch(job: Job) -> JobResult:
         t0 = time.perf_counter()
         datas = [_worker.read_item(fd, it) for it in job.items]
         prep = [delta_prep(data, it.base, job.cfg,
-                           lambda it=it: _worker.item_base(job, it, base_fd))
+                           lambda it=it: _worker.item_base(job, it, base_fd, DEVICE))
                 for it, data in zip(job.items, datas)]
         t1 = time.perf_counter()
         coded = code_items([(d, it.dtype, it.base) for d, it in zip(datas, job.items)],
@@ -97,7 +98,7 @@ def decode_batch(job: DecodeJob) -> int:
     (runs in the GPU worker process)."""
     from s4fs.coding._device_batch import decode_into
     t0 = time.perf_counter()
-    n = decode_into(_worker.source_for(job.store), job)
+    n = decode_into(_worker.source_for(job.store, DEVICE), job)
     log.info("decoded ahead %d chunks (%.1f MiB) in %.0f ms", n,
              sum(ref.raw for ref, _ in job.items) / 2**20, 1e3 * (time.perf_counter() - t0))
     return n
@@ -108,7 +109,7 @@ def decode_blob(blob: bytes, base: bytes | None) -> bytes:
     ahead): decoded on the GPU thread, checked against its checksum."""
     from s4fs import codec
     from s4fs.codec import on_gpu_thread
-    return on_gpu_thread(codec.decompress, blob, base=base, device="auto")
+    return on_gpu_thread(codec.decompress, blob, base=base, device=DEVICE)
 
 
 def warm_up() -> int:

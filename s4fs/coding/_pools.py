@@ -6,9 +6,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from s4fs.codec import resolve_device
-from s4fs.coding._config import IngestConfig
+from s4fs.coding._config import IngestConfig, placement
 from s4fs.coding._pool import CodingPool
+from s4fs.coding._threads import DECODE_THREADS, ThreadPool, lower_priority
 
 
 class Pools:
@@ -51,7 +51,6 @@ class Pools:
 
     def codec_threads(self, workers: int, nice: int = 0) -> ThreadPoolExecutor:
         """The threads in-process sessions code on (the first size asked for stays)."""
-        from s4fs.coding._threads import lower_priority
         with self._lock:
             if self._codec is None:
                 self._codec = ThreadPoolExecutor(workers, thread_name_prefix="s4fs-codec",
@@ -61,7 +60,6 @@ class Pools:
 
     def decode_threads(self) -> ThreadPoolExecutor:
         """The threads an in-process decode ahead runs its batches on."""
-        from s4fs.coding._threads import DECODE_THREADS
         with self._lock:
             if self._decode is None:
                 self._decode = ThreadPoolExecutor(DECODE_THREADS,
@@ -70,11 +68,26 @@ class Pools:
 
     def for_ingest(self, cfg: IngestConfig) -> CodingPool:
         """The process pool that codes and decodes ahead for a mount (``cfg.processes``):
-        the CPU worker processes, or the GPU worker process where ``cfg.device`` puts the
-        pipeline on the GPU."""
-        if resolve_device(cfg.device) == "cuda":
+        the CPU worker processes, or the GPU worker process where
+        :func:`~s4fs.coding.placement` puts the pipeline on the GPU."""
+        if placement(cfg).gpu:
             return self.gpu(cfg.nice)
         return self.cpu(cfg.workers, cfg.nice)
+
+    def decode_ahead(self, cfg: IngestConfig, source, gpu_batch: int):
+        """``(pool, batch bytes)`` that decode a cold file ahead under ``cfg``, or None
+        where :func:`~s4fs.coding.placement` decodes only as it is read (threads of this
+        process on its CPU): the worker processes; else, on the GPU, threads of this
+        process decoding ``source``'s chunks there, in batches of at most ``gpu_batch``."""
+        where = placement(cfg)
+        if not where.decodes_ahead:
+            return None
+        if where.processes:
+            pool = self.for_ingest(cfg)
+        else:
+            pool = ThreadPool(cfg, source, pools=self)
+        batch = where.batch_bytes(cfg)
+        return pool, min(batch, gpu_batch) if where.gpu else batch
 
     def cpu_started(self) -> bool:
         """Whether any CPU worker pool was made (since the last :meth:`close`)."""

@@ -12,9 +12,8 @@ from concurrent.futures import Future
 import xxhash
 
 from s4fs import keys
-from s4fs.codec import resolve_device
 from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_pack
-from s4fs.coding._config import IngestConfig
+from s4fs.coding._config import IngestConfig, placement
 from s4fs.coding._jobs import Item, Job
 from s4fs.coding._pools import Pools
 from s4fs.coding._rule import DELTA, SAME
@@ -72,8 +71,7 @@ class SpoolCoding:
                  lanes: frozenset = frozenset()) -> None:
         self.store, self.cfg, self.label = store, cfg, label
         self.pool = pools.for_ingest(cfg)
-        self.batch_bytes = (cfg.gpu_batch_bytes if resolve_device(cfg.device) == "cuda"
-                            else cfg.batch_bytes)
+        self.batch_bytes = placement(cfg).batch_bytes(cfg)
         self.store_spec = pickle.dumps(store)
         self.spool = spool_path
         self._bases = bases

@@ -18,9 +18,8 @@ import threading
 from concurrent.futures import Future
 
 from s4fs import codec
-from s4fs.codec import resolve_device
 from s4fs.coding._bases import base_bytes
-from s4fs.coding._config import IngestConfig
+from s4fs.coding._config import IngestConfig, placement
 from s4fs.coding._device_batch import code_items, decode_into
 from s4fs.coding._jobs import ChunkBatch, DecodeJob
 from s4fs.coding._pool import KEEP, CodingPool
@@ -59,7 +58,7 @@ class ThreadPool(CodingPool):
                  pools) -> None:
         self.cfg, self.source, self.base_path = cfg, source, base_path
         self.pools = pools
-        self.gpu = resolve_device(cfg.device) == "cuda"
+        self.gpu = placement(cfg, spool=False).gpu
 
     @property
     def max_in_flight(self) -> int:

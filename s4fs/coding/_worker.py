@@ -13,8 +13,11 @@ from s4fs.coding._bases import base_bytes
 from s4fs.coding._jobs import Item, Job
 from s4fs.errors import CodecError, SpoolChanged
 
+# A worker process is its own composition root: these live as long as the process
+# (its pool's owner starts and stops it), one Store per pickled spec and one
+# ChunkSource per (spec, device), shared by the jobs it runs.
 _stores: dict[bytes, object] = {}
-_sources: dict[bytes, object] = {}
+_sources: dict[tuple[bytes, str], object] = {}
 
 
 def init_worker(nice: int, parent: int) -> None:
@@ -50,13 +53,14 @@ def store_for(spec: bytes):
     return store
 
 
-def source_for(spec: bytes):
-    """A ChunkSource (fetch, decode, check) over the Store of a pickled spec."""
-    src = _sources.get(spec)
+def source_for(spec: bytes, device: str):
+    """A ChunkSource (fetch, decode, check) over the Store of a pickled spec, decoding
+    under the ``device`` setting of the worker's pool (a CPU worker's: "cpu")."""
+    src = _sources.get((spec, device))
     if src is None:
         from s4fs.read.reader import ChunkSource
-        src = _sources[spec] = ChunkSource(store_for(spec), cache_bytes=64 << 20,
-                                           device="auto", workers=2)
+        src = _sources[spec, device] = ChunkSource(store_for(spec), cache_bytes=64 << 20,
+                                                   device=device, workers=2)
     return src
 
 
@@ -76,10 +80,10 @@ def _pread_all(fd: int, offset: int, length: int) -> bytes:
     return b"".join(parts)
 
 
-def item_base(job: Job, item: Item, base_fd: int | None) -> bytes:
+def item_base(job: Job, item: Item, base_fd: int | None, device: str) -> bytes:
     """The verified raw bytes of ``item``'s delta base (the decoded copy open at
-    ``base_fd`` when it holds them, else the store)."""
-    return base_bytes(base_fd, item.base_range, item.base, source_for(job.store))
+    ``base_fd`` when it holds them, else the store, decoded under ``device``)."""
+    return base_bytes(base_fd, item.base_range, item.base, source_for(job.store, device))
 
 
 @contextlib.contextmanager

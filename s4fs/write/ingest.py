@@ -25,7 +25,8 @@ import xxhash
 
 from s4fs import keys, metrics
 from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, Pools,
-                         SpoolCoding, ThreadPool, base_chunk, base_streams, saw_pack)
+                         SpoolCoding, ThreadPool, base_chunk, base_streams, placement,
+                         saw_pack)
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, ManifestBuilder, Stream
 from s4fs.stores import Store
@@ -188,7 +189,7 @@ class IngestSession:
         self._proc: SpoolCoding | None = None
         self._threads: ThreadPool | None = None
         self._gpu: GpuBatches | None = None
-        if spool_path is not None and cfg.processes:
+        if placement(cfg, spool=spool_path is not None).processes:
             # the CPU worker processes, or the GPU worker process
             self._proc = SpoolCoding(store, cfg, pools, spool_path, self._raw, self._bases,
                                      label, lanes)

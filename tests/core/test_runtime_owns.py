@@ -79,3 +79,62 @@ def test_one_builder_makes_a_new_versions_manifest():
     assert from_report is stored_split
     assert stored_split(m)["stored_full"] == 0
     assert isinstance(m, Manifest)
+
+
+def test_a_cpu_worker_never_decodes_on_the_gpu(tmp_path, monkeypatch):
+    """A chunk with nvCOMP planes (nvCOMP-Deflate: a CPU decodes it too) decoded ahead by
+    a CPU worker comes back exact from its CPU, even where a GPU is usable: a CPU worker
+    makes no CUDA context (each would hold one), whatever the device setting."""
+    import io
+    import os
+    import pickle
+
+    from emulated_gpu import emulated_gpu
+    from s4fs.codec import _device, gpu, inspect
+    from s4fs.coding import DecodeJob, _cpu_pool
+    from s4fs.read.fill import plan
+    emulated_gpu(monkeypatch)
+    rt = Runtime()
+    store = LocalStore(str(tmp_path / "store"))
+    cfg = IngestConfig(device="cuda", gpu_profile="portable", chunk_size=1 << 18)
+    buf = io.BytesIO()
+    torch.save({"w": torch.randn(1 << 18).to(torch.bfloat16)}, buf)
+    data = buf.getvalue()
+    s = IngestSession(store, cfg, pools=rt.pools)
+    s.write(data)
+    m = s.finish()
+    rt.close()
+    chunks = [c for st in m.streams if st.kind == "tensor" for c in st.chunks]
+    assert any(p["codec"] == "nvcomp-deflate" for c in chunks
+               for p in inspect(store.get(c.pack)[c.offset: c.offset + c.stored]).planes)
+
+    def on_the_gpu(*a, **k):
+        raise AssertionError("a CPU worker decoded on the GPU")
+    monkeypatch.setattr(_device, "gpu_available", lambda: True)   # "auto" would use it
+    monkeypatch.setattr(gpu, "decompress_planes", on_the_gpu)
+    target = tmp_path / "copy"
+    target.write_bytes(b"\0" * len(data))
+    for batch in plan(m, 1 << 30):
+        _cpu_pool.decode_batch(DecodeJob(pickle.dumps(store), str(target), tuple(batch)))
+    assert target.read_bytes() == data
+    assert os.path.getsize(target) == m.size
+
+
+def test_one_function_says_where_a_pipeline_runs(monkeypatch):
+    from emulated_gpu import emulated_gpu
+    from s4fs.coding import CodingPool, placement
+    rt = Runtime()
+    try:
+        cpu = IngestConfig(device="cpu", processes=True, batch_bytes=3 << 20)
+        assert placement(cpu) == placement(cpu, spool=True)
+        assert placement(cpu).processes and not placement(cpu, spool=False).processes
+        assert rt.pools.decode_ahead(IngestConfig(device="cpu"), None, 1 << 30) is None
+        pool, batch = rt.pools.decode_ahead(cpu, None, 1 << 30)
+        assert isinstance(pool, CodingPool) and batch == 3 << 20
+        emulated_gpu(monkeypatch)
+        gpu = IngestConfig(device="auto", gpu_batch_bytes=64 << 20)
+        assert placement(gpu).gpu and not placement(gpu).gpu_worker
+        pool, batch = rt.pools.decode_ahead(gpu, None, 16 << 20)
+        assert batch == 16 << 20 and not pool.pids()    # threads of this process
+    finally:
+        rt.close()
