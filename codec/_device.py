@@ -125,6 +125,9 @@ def decode_on_gpu(device: str, head) -> bool:
     return use_gpu(device)
 
 
+# Process-wide: CUDA, CuPy and nvCOMP state (streams, codecs, pinned pools) is per thread
+# and per process, and the codec's callers (s4fs.codec.compress, the pools) have no
+# owner to hand a thread down; a runtime stops it at its close (stop_gpu_thread).
 _GPU_LOCK = threading.Lock()
 _GPU_THREAD: ThreadPoolExecutor | None = None
 _THREAD_NAME = "s4fs-gpu"

@@ -43,6 +43,8 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 
 MAX_ERROR_KINDS = 32            # distinct `kind` labels before the rest count as "other"
 
+# Process-wide, as Prometheus counts are: one set of series per process (multiprocess
+# mode: one file set per pid), whichever runtime records into them.
 _lock = threading.Lock()
 _state: "_Metrics | None | bool" = None   # None: not set up yet; False: unavailable
 

@@ -44,6 +44,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._threads: dict[str, ThreadPoolExecutor] = {}
         self.pools = Pools(self.thread, gpu_worker_init=self.cfg.gpu_worker_init)
+        # "save" / "load": the seconds per stage of the last device save and load of the
+        # filesystems on this runtime (s4fs.torch; benchmarks print them)
+        self.stages: dict[str, dict[str, float]] = {}
 
     def thread(self, name: str, workers: int = 1) -> ThreadPoolExecutor:
         """The executor called ``name``, of ``workers`` threads (the count of its first
@@ -69,6 +72,8 @@ class Runtime:
         stop_gpu_thread()
 
 
+# The one process-wide runtime: the plain Python API's (s4fs.save, s4fs.open), which has
+# no owner to hand one down; a mount's daemon and the tests make their own.
 _current: Runtime | None = None
 _current_lock = threading.Lock()
 

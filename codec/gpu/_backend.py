@@ -452,6 +452,9 @@ class EmulatedBackend:
             dst[do: do + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
 
 
+# Per thread (nvCOMP codecs and CUDA streams belong to the thread that made them: mostly
+# the process's one GPU thread, s4fs.codec._device), and every live one, which the exit
+# hook must reach to free nvCOMP's objects before CuPy's streams go.
 _local = threading.local()
 _LIVE: "weakref.WeakSet[CudaBackend]" = weakref.WeakSet()
 

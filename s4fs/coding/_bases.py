@@ -96,6 +96,8 @@ def base_from_file(fd: int | None, where: tuple[int, int] | None,
 
 
 PACKS_SEEN_TTL = 600.0      # seconds a pack seen whole in the store is not looked at again
+# Process-wide: what this process saw of a store's packs holds for every owner in it (a
+# daemon's runtime and the API's write the same store), keyed by the store's URL.
 _seen: dict = {}            # (store url, pack key) -> (size, monotonic time seen)
 
 
@@ -143,6 +145,8 @@ def missing_packs(store, m: Manifest) -> str | None:
 
 # --------------------------------------------------------------------------- damaged bases
 
+# Process-wide, as the log they dedupe is: a damaged base is warned about once per
+# process. The notes are per thread: a worker's batch hands them to its parent.
 _unreadable: set = set()          # delta bases already warned about
 _notes = threading.local()        # a worker's notes for its parent (collecting_notes)
 

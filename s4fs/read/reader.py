@@ -181,8 +181,14 @@ def _groups(refs: list, limit: int):
 
 
 class ChunkSource:
+    """Chunks fetched, decoded and checked, with a cache of recent ones. ``threads``: the
+    executor its prefetches run on, its owner's (``Runtime.thread``; left running by
+    :meth:`close`); None: one of its own of ``workers`` threads (default: one per core,
+    at least 4), stopped by :meth:`close`."""
+
     def __init__(self, store: Store, *, cache_bytes: int = 256 << 20, device: str = "auto",
-                 workers: int = 0, blob_cache=None, offload=None) -> None:
+                 workers: int = 0, blob_cache=None, offload=None,
+                 threads: ThreadPoolExecutor | None = None) -> None:
         self.store = store
         self.device = device
         # offload(blob, base bytes) -> raw bytes: where blobs with nvCOMP planes decode
@@ -194,8 +200,9 @@ class ChunkSource:
         self._size = 0
         self._lock = threading.Lock()
         self._inflight: dict[tuple, Future] = {}
-        self._pool = ThreadPoolExecutor(workers or max(4, os.cpu_count() or 4),
-                                        thread_name_prefix="s4fs-read")
+        self._own_pool = threads is None
+        self._pool = threads or ThreadPoolExecutor(workers or max(4, os.cpu_count() or 4),
+                                                   thread_name_prefix="s4fs-read")
         self.chunk_hint = 4 << 20         # reads larger than this decode in parallel
         self._preloaded: dict[tuple[str, int], memoryview] = {}   # see preloaded()
         # pack -> [(lo, hi, offset, fd)]: stored byte ranges fetched ahead into a local
@@ -401,7 +408,8 @@ class ChunkSource:
             pass   # the foreground read reports the error
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._own_pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class FileReader:

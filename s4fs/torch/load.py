@@ -7,6 +7,7 @@ only the file's raw stream (zip headers, pickle, small records) on the host.
 from __future__ import annotations
 
 import io
+import time
 import zipfile
 
 from s4fs.errors import InvalidArgument, S4Error
@@ -118,8 +119,9 @@ def load(path, map_location=None, **load_kwargs):
         with paths.open(path) as f:
             return torch.load(f, map_location=map_location, **load_kwargs)
     dev = _cuda_target(map_location)
-    stages = Stages("load")
+    t0 = time.perf_counter()
     fs, rel = paths.resolve(path)
+    stages = Stages("load", fs.runtime.stages, t0)
     m = fs.manifest(rel)
     weights_only = load_kwargs.pop("weights_only", None)
     pickle_module = load_kwargs.pop("pickle_module", None)

@@ -45,6 +45,10 @@ def test_a_save_leaves_torch_as_it_was(tmp_path):
              "p": torch.nn.Parameter(torch.randn(3, 4)), "step": 3}
     s4fs.save(state, str(store / "ckpt.pt"))
     assert torch.serialization.location_tag is tag
+    from s4fs.runtime import current
+    from s4fs.torch import save as torchsave
+    assert "commit" in current().stages["save"]        # its stages: the runtime's
+    assert torchsave.last_stages is current().stages
     ref = tmp_path / "ckpt.pt"
     torch.save(state, str(ref))
     assert s4fs.read_bytes(str(store / "ckpt.pt")) == ref.read_bytes()
