@@ -1,10 +1,12 @@
 """The composition root: one owner of every worker process and thread s4fs starts.
 
 A :class:`Runtime` makes each on first use and stops them all in :meth:`Runtime.close`:
-the coding worker processes (:class:`s4fs.coding.Pools`), the executors of the API's
-saves (``s4fs.torch.save``: async saves, the device save's hashing) and of a mount's
-passthrough checks (``s4fs.write.handle``), and the
-codec's GPU thread. A mount's daemon builds one and closes it at exit; the Python API
+the coding worker processes (:class:`s4fs.coding.Pools`), the executors of every
+session's pack uploads (``s4fs.write.ingest``), of the API's saves (``s4fs.torch.save``:
+async saves, CRC-32s, the device save's hashing) and of a mount's passthrough checks
+(``s4fs.write.handle``), and the codec's GPU thread; it keeps the stages of the last
+device save and load (:attr:`Runtime.stages`). A mount's daemon builds one and closes it
+at exit; the Python API
 shares :func:`current`, closed at interpreter exit. A :class:`~s4fs.fs.Filesystem` uses
 the runtime it is given (its caller's to close) or :func:`current`.
 """
