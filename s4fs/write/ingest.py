@@ -37,15 +37,6 @@ __all__ = ["IngestSession", "PackWriter"]
 UPLOAD_THREADS = 16     # packs put in the store at once, over every session of an owner
 
 
-def upload_threads(pools: Pools | None) -> ThreadPoolExecutor:
-    """The threads every session of ``pools``'s owner (its runtime) uploads packs on;
-    None: the process's runtime for the Python API (``s4fs.runtime.current``)."""
-    if pools is None:
-        from s4fs.runtime import current
-        pools = current().pools
-    return pools.thread("s4fs-upload", UPLOAD_THREADS)
-
-
 class _Open:
     """The pack a lane is filling."""
 
@@ -61,12 +52,15 @@ class PackWriter:
     """Appends blobs to packs and uploads full packs in the background. Blobs of
     different *lanes* go to different packs (backward deltas: chunks likely to be
     replaced by deltas later are packed apart, so that their packs die whole).
-    ``pools``: whose owner's threads upload the packs (:func:`upload_threads`)."""
+    ``pools``: whose owner's threads upload the packs (``pools.thread``, shared by every
+    session of that runtime); None: threads of this writer's own, ``uploads`` of them,
+    stopped by :meth:`finish` and :meth:`abandon`."""
 
     def __init__(self, store: Store, cfg: IngestConfig, on_pack: Callable | None = None,
                  uploads: int | None = None, *, pools: Pools | None = None):
         self.store, self.cfg = store, cfg
         self._pools = pools
+        self._own: ThreadPoolExecutor | None = None     # without pools
         self.max_uploads = uploads or cfg.max_uploads     # packs written at once
         self.keys: list[str] = []
         self._open: dict[int, _Open] = {}
@@ -119,18 +113,34 @@ class PackWriter:
                 saw_pack(self.store, key, sum(memoryview(p).nbytes for p in parts))
             finally:
                 metrics.uploads_finished()
-        self._uploads.append(upload_threads(self._pools).submit(upload))
+        self._uploads.append(self._threads().submit(upload))
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pools is not None:
+            return self._pools.thread("s4fs-upload", UPLOAD_THREADS)
+        if self._own is None:
+            self._own = ThreadPoolExecutor(self.max_uploads, thread_name_prefix="s4fs-upload")
+        return self._own
 
     def finish(self) -> None:
-        for lane in list(self._open):
-            self._submit(lane)
-        while self._uploads:
-            self._uploads.popleft().result()
+        try:
+            for lane in list(self._open):
+                self._submit(lane)
+            while self._uploads:
+                self._uploads.popleft().result()
+        finally:
+            self._stop(wait=True)
 
     def abandon(self) -> None:
         for f in self._uploads:
             f.cancel()
         self._uploads.clear()
+        self._stop(wait=False)
+
+    def _stop(self, wait: bool) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            own.shutdown(wait=wait)
 
 
 @dataclass
