@@ -13,7 +13,7 @@ def mixed_state_dict(target_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
         weights = load_file(os.environ["S4FS_BENCH_WEIGHTS"])
     else:
-        from s4fs.testing.minilm import load_weights
+        from _minilm import load_weights
         weights = load_weights()
     base = {k: v for k, v in weights.items() if v.is_floating_point()}
     out: dict[str, torch.Tensor] = {}

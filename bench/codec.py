@@ -46,7 +46,7 @@ FIELDS = {"bfloat16": (16, 8, 7), "float16": (16, 5, 10), "float32": (32, 8, 23)
 def datasets(steps: int, cache: Path | None) -> list[tuple[str, str, bytes]]:
     import torch
 
-    from s4fs.testing import minilm
+    import _minilm as minilm
 
     weights = [v for v in minilm.load_weights().values() if v.is_floating_point()]
     flat = torch.cat([v.reshape(-1) for v in weights])

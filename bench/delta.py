@@ -98,7 +98,7 @@ def series(steps: int, every: int, dtype, work: str) -> tuple[list[dict], dict]:
     """The MiniLM fine-tuning series through :func:`run_series`."""
     import torch
 
-    from s4fs.testing.minilm import finetune
+    from _minilm import finetune
 
     def checkpoints():
         for step, model_sd, opt_sd in finetune(steps, every=every, dtype=dtype):

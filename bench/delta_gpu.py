@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def corpus() -> bytes:
-    from s4fs.testing.minilm import PROSE
+    from _minilm import PROSE
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     parts = [PROSE]
     for p in sorted(glob.glob(os.path.join(root, "docs", "*.md"))) + [os.path.join(root, "README.md")]:

@@ -42,7 +42,7 @@ REPLICA_BYTES = 272_000_000          # one MiniLM + AdamW state, fp32
 
 
 def series(gib: float, saves: int, every: int) -> list[dict]:
-    from s4fs.testing import minilm
+    import _minilm as minilm
     reps = max(1, round(gib * (1 << 30) / REPLICA_BYTES))
     runs = [minilm.finetune(saves * every, every=every, seed=r) for r in range(reps)]
     out = []

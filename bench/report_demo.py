@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--png", help="folder for the PNG plots")
     args = ap.parse_args(argv)
     import s4fs
-    from s4fs.testing import minilm
+    import _minilm as minilm
     root = args.store or tempfile.mkdtemp(prefix="s4fs-report-")
     fs = s4fs.filesystem(root)
     for d in ("run",):

@@ -12,6 +12,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# the real-model payload the benchmarks share with the tests (bench/_minilm.py; not in
+# the package)
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "bench"))
 
 for _mod in ("s3_server", "mount_helpers"):
     try:

@@ -60,7 +60,7 @@ def roundtrip(tmp_path, obj, name="ckpt", **kw):
 
 
 def minilm():
-    from s4fs.testing.minilm import load_weights
+    from _minilm import load_weights
     return load_weights()
 
 
@@ -75,7 +75,7 @@ def test_real_model_state_dict(tmp_path):
 
 
 def test_real_adamw_state(tmp_path):
-    from s4fs.testing.minilm import finetune
+    from _minilm import finetune
     for step, model_sd, opt_sd in finetune(6, every=6):
         roundtrip(tmp_path, {"model": model_sd, "optimizer": opt_sd, "step": step})
 

@@ -476,7 +476,7 @@ def test_plane_codec_configs_round_trip_through_json():
 
 @pytest.fixture(scope="module")
 def minilm_weights():
-    from s4fs.testing import minilm
+    import _minilm as minilm
     return minilm.load_weights()
 
 
@@ -553,7 +553,7 @@ def test_without_zstd_sequences_the_codec_probes_once_and_falls_back_exactly(mon
 
 
 def test_minilm_tokenizer_model_and_finetune_are_real_and_deterministic():
-    from s4fs.testing import minilm
+    import _minilm as minilm
     tok = minilm.WordPiece()
     assert tok.encode("Hello, world! Unaffable.") == \
         [7592, 1010, 2088, 999, 14477, 20961, 3468, 1012]

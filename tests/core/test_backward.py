@@ -267,7 +267,7 @@ def test_real_series_through_the_mount(mount_factory, tmp_path):
     """MiniLM + AdamW fine-tuned for real, saved through the mount by torch.save: after
     `s4fs sync` the older checkpoints are deltas on the newer ones, and every one loads
     bit-exact on a fresh mount (nothing cached)."""
-    from s4fs.testing.minilm import finetune
+    from _minilm import finetune
     m = mount_factory()
     run = os.path.join(m.path, "run")
     os.mkdir(run)

@@ -296,7 +296,7 @@ def test_rotating_sibling_directories(tmp_path):
 
 def test_real_finetuning_series_api(tmp_path):
     """Real AdamW fine-tuning of all-MiniLM-L6-v2 with frozen layers, saved via the API."""
-    from s4fs.testing.minilm import finetune
+    from _minilm import finetune
     root = tmp_path / "run"
     root.mkdir()
     frozen = ("embeddings.", "encoder.layer.0.")
@@ -325,7 +325,7 @@ def test_real_finetuning_series_api(tmp_path):
 
 @pytest.mark.fuse
 def test_real_series_through_the_mount(mount_factory, tmp_path):
-    from s4fs.testing.minilm import finetune
+    from _minilm import finetune
     # forward chains: dense fine-tuning deltas are too large for the default read
     # budget, allow them (backward deltas through the mount: tests/core/test_backward.py)
     m = mount_factory(extra=["--forward-deltas", "--max-chain-read", "4"])

