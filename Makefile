@@ -3,6 +3,8 @@
 #               model through it, read it back bit-exact, print sizes, unmount
 #   make test   install what is needed and run the test suite (LAYER=codec, store, core,
 #               mount, gpu or api: that folder of tests/ only)
+#   make check  the inner loop: the codec, store and core tests that need no kernel, no
+#               libfuse build, no GPU and no minutes (the venv only)
 PYTHON ?= python3
 VENV ?= .venv
 LAYER ?=
@@ -14,7 +16,7 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shel
 APT_TEST_PACKAGES := chromium e2fsprogs
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test deps apt bench clean passthrough
+.PHONY: demo test check deps apt bench clean passthrough
 # pyfuse3 able to ask the kernel for FUSE passthrough (mount --passthrough), built
 # beside the venv's own: libfuse 3.17.2 and pyfuse3 3.5.0 with a small patch
 PT := $(VENV)/pyfuse3-passthrough
@@ -47,17 +49,27 @@ $(PT)/.built: $(STAMP) mount/binding/build_pyfuse3.sh mount/binding/pyfuse3-pass
 passthrough: deps $(PT)/.built
 	$(BIN)/s4fs build-passthrough --dest $(abspath $(PT))
 
+# pytest-xdist workers (JOBS=0: one process). More than the cores: most of the suite's
+# time is spent waiting on mount daemons, S3 servers and child processes
+JOBS ?= 4
+PYTEST := $(BIN)/python -m pytest -n $(JOBS)
+
 test: EXTRA_APT = $(APT_TEST_PACKAGES)
-# the tests with a real mount run twice: every mount through FUSE requests (the suite's
-# default), then through FUSE passthrough (a test that pins one way keeps it): tests/mount,
-# and the `fuse`-marked tests of the other layers (DCP, names, deltas, workers, report)
-PT_RUN := S4FS_TEST_TRANSPORT=passthrough S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest
-test: deps $(PT)/.built
-	S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site $(BIN)/python -m pytest tests/$(LAYER)
+# every test runs with each mount through FUSE requests (the suite's default; a test that
+# pins a transport keeps it), then the real-kernel suite (`kernel`, tests/conftest.py)
+# runs again with every mount through FUSE passthrough. Only that second run, so only the
+# full run and LAYER=mount, needs the pyfuse3 built with passthrough
+PT_SITE := S4FS_PYFUSE3_PASSTHROUGH=$(abspath $(PT))/site
+test: deps $(if $(filter-out mount,$(LAYER)),,$(PT)/.built)
+	$(PT_SITE) $(PYTEST) tests/$(LAYER)
 	@if [ -z "$(LAYER)" ] || [ "$(LAYER)" = mount ]; then \
-	  echo "== the mount tests again, every mount through FUSE passthrough"; \
-	  $(PT_RUN) tests/mount && { [ -n "$(LAYER)" ] || $(PT_RUN) -m fuse tests/api tests/core; }; \
+	  echo "== the real-kernel suite again, every mount through FUSE passthrough"; \
+	  S4FS_TEST_TRANSPORT=passthrough $(PT_SITE) $(PYTEST) -m kernel tests/$(LAYER); \
 	fi
+
+# the inner loop (CONTRIBUTING.md): no FUSE mount, no libfuse build, no GPU, nothing slow
+check: deps
+	$(PYTEST) -m "not fuse and not slow and not gpu" $(wildcard tests/codec tests/store tests/core tests/vfs)
 
 # the demo mounts the way README users should: through FUSE passthrough where the kernel
 # has it (so it builds the binding into the venv first); where the build fails it says
