@@ -2,8 +2,8 @@
 #   make demo   install what is needed, mount s4fs on a local store, torch.save a real
 #               model through it, read it back bit-exact, print sizes, unmount
 #   make test   install what is needed and run the test suite (LAYER=codec, store, core,
-#               mount, gpu or api: that folder of tests/ only)
-#   make check  the inner loop: the codec, store and core tests that need no kernel, no
+#               vfs, mount, gpu or api: that folder of tests/ only)
+#   make check  the inner loop: the codec, store, core and vfs tests that need no kernel, no
 #               libfuse build, no GPU and no minutes (the venv only)
 PYTHON ?= python3
 VENV ?= .venv

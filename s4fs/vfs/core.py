@@ -1,0 +1,364 @@
+"""The filesystem as the kernel sees it, with no FUSE in it: :class:`Vfs`.
+
+Each method is one FUSE operation in plain terms — inode numbers and names in, plain
+data (:class:`Entry`, :class:`Opened`) or bytes out, :class:`~s4fs.errors.S4Error` for
+what fails. ``s4fs.mount`` translates pyfuse3's requests into these calls and their
+results into pyfuse3's replies; what only the kernel can do goes through the
+:class:`~s4fs.vfs.port.KernelPort` this core is given. The blocking halves (the store,
+the spool, the codec) run on threads through :meth:`Vfs.run`, the one route off the
+trio loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import stat as st
+import threading
+
+import trio
+
+from s4fs import keys
+from s4fs import metrics
+from s4fs.errors import InvalidArgument, NotFound, S4Error
+from s4fs.fs import Attr, Filesystem, WriteHandle
+from s4fs.read import NodeReader
+from s4fs.vfs.passthrough import Passthrough
+from s4fs.vfs.port import KernelPort
+from s4fs.vfs.tables import NamespaceLock, Tables
+
+log = logging.getLogger("s4fs.mount")
+
+
+@dataclasses.dataclass
+class Entry:
+    """A file's or folder's attributes as the kernel is told them."""
+    inode: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    blocks: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    timeout: float                    # how long the kernel may keep the entry and attrs
+    blksize: int = 1 << 20
+
+
+@dataclasses.dataclass
+class Opened:
+    """An open file: its handle number, the backing id the kernel passes it through to
+    (0: none, requests), and whether the kernel may keep its cached pages."""
+    fh: int
+    backing_id: int = 0
+    keep_cache: bool = False
+
+
+def _namespace(kind: str):
+    """Run a request under the namespace lock (``"shared"`` or ``"exclusive"``)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def wrapper(self, *args, **kwargs):
+            async with getattr(self.ns, kind)():
+                return await fn(self, *args, **kwargs)
+        return wrapper
+    return wrap
+
+
+class Vfs:
+    """One mount's filesystem over ``fs``. ``uid``/``gid``: the owner every file shows
+    (the training job's user, where the daemon runs as a service user); ``workers``:
+    requests whose blocking half runs at once; ``info``: how the mount moves bytes (the
+    ``transport``, kept current here for ``s4fs status``)."""
+
+    def __init__(self, fs: Filesystem, port: KernelPort, *, workers: int = 16,
+                 attr_timeout: float = 1.0, uid: int | None = None,
+                 gid: int | None = None, info: dict | None = None) -> None:
+        self.fs = fs
+        self.port = port
+        self.attr_timeout = attr_timeout
+        self.info: dict = info if info is not None else {}
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self.tables = Tables()
+        self.ns = NamespaceLock()
+        self.passthrough = Passthrough(fs, self.tables, port, self._passthrough_refused)
+        self._limiter = trio.CapacityLimiter(workers)
+        self._fh_backing: dict[int, int] = {}                    # fh -> inode
+        self._dropping: set[threading.Thread] = set()   # kernel invalidations under way
+        fs.on_invalidate = self._invalidate
+
+    async def run(self, fn, *args, **kwargs):
+        """The one route for blocking work off the trio loop."""
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                             limiter=self._limiter)
+
+    def entry(self, a: Attr, inode: int | None = None) -> Entry:
+        mode = a.mode if a.mode & 0o170000 else \
+            (st.S_IFDIR if a.is_dir else st.S_IFREG) | a.mode
+        times = a.times_ns()
+        return Entry(
+            inode=self.tables.inode(a.path) if inode is None else inode,
+            mode=mode, nlink=2 if a.is_dir else 1, uid=self.uid, gid=self.gid,
+            size=a.size,
+            blocks=(a.stored if a.stored else a.size) // 512 + 1 if a.size else 0,
+            atime_ns=times[0], mtime_ns=times[1], ctime_ns=times[2],
+            timeout=self.attr_timeout)
+
+    # --- how the mount moves bytes ---------------------------------------------------
+
+    def set_transport(self, how: str) -> None:
+        """How this mount moves bytes, for ``s4fs status``, /healthz and /metrics:
+        "FUSE passthrough (...)" or "FUSE requests (why)"."""
+        self.info["transport"] = how
+        self.info["passthrough"] = how.startswith("FUSE passthrough")
+        metrics.set_passthrough(self.info["passthrough"])
+
+    def _passthrough_refused(self, why: str) -> None:
+        self.set_transport(f"FUSE requests (FUSE passthrough refused: {why})")
+
+    # --- metadata ----------------------------------------------------------------------
+
+    @_namespace("shared")
+    async def lookup(self, parent: int, name: str) -> Entry:
+        path = self.tables.child(parent, name)
+        return self.entry(await self.run(self.fs.stat, path))
+
+    @_namespace("shared")
+    async def getattr(self, inode: int) -> Entry:
+        path = self.tables.path_or_none(inode)
+        if path is None:
+            node = self.tables.open_node(inode)
+            if node is None:
+                raise NotFound(f"inode {inode} names no file (any more)")
+            e = self.entry(await self.run(self.fs.node_attr, node), inode)
+            e.nlink = 0                    # unlinked (or renamed over) and still open
+            return e
+        return self.entry(await self.run(self.fs.stat, path))
+
+    @_namespace("shared")
+    async def setattr(self, inode: int, changes: dict, fh: int | None) -> Entry:
+        """``changes``: any of ``size``, ``mode``, ``mtime_ns``, ``atime_ns``."""
+        path = self.tables.path_or_none(inode)
+        gone = self.tables.open_node(inode) if path is None else None
+        if path is None and gone is None:
+            raise NotFound(f"inode {inode} names no file (any more)")
+        handle = self.tables.handle_or_none(fh)
+        if changes:
+            if not isinstance(handle, WriteHandle) or \
+                    not await self.run(handle.set_attrs, **changes):
+                if gone is not None:
+                    # unlinked while open, changed through no descriptor of its writer:
+                    # nothing of it is stored any more (as on a local disk, it is lost
+                    # at the last close)
+                    raise NotFound(f"inode {inode} was removed")
+                await self.run(self.fs.set_attrs, path, **changes)
+        if gone is not None:
+            return await self.getattr(inode)
+        return self.entry(await self.run(self.fs.stat, path))
+
+    async def opendir(self, inode: int) -> int:
+        path = self.tables.path(inode)
+        names = await self.run(self.fs.listdir, path)
+        return self.tables.new_fh(("dir", path, names))
+
+    async def readdir(self, fh: int, start: int):
+        """The folder's entries from index ``start`` as ``(name, Entry, next index)``:
+        an async generator under the namespace lock, each entry stat'ed as it is asked
+        for (the caller stops when the kernel's buffer is full, and must close it:
+        ``contextlib.aclosing``)."""
+        async with self.ns.shared():
+            _, path, names = self.tables.handle(fh)
+            listing = [(".", path), ("..", keys.parent(path))] + \
+                      [(n, f"{path}/{n}" if path else n) for n in names]
+            for i in range(start, len(listing)):
+                name, p = listing[i]
+                try:
+                    a = await self.run(self.fs.stat, p)
+                except S4Error:
+                    continue             # vanished since opendir
+                yield name, self.entry(a), i + 1
+
+    async def releasedir(self, fh: int) -> None:
+        self._forget_fh(fh)
+
+    async def mkdir(self, parent: int, name: str, mode: int) -> Entry:
+        path = self.tables.child(parent, name)
+        await self.run(self.fs.mkdir, path, mode)
+        return self.entry(await self.run(self.fs.stat, path))
+
+    @_namespace("exclusive")
+    async def rmdir(self, parent: int, name: str) -> None:
+        path = self.tables.child(parent, name)
+        await self.run(self.fs.rmdir, path)
+        self.tables.dropped(path)
+
+    @_namespace("exclusive")
+    async def unlink(self, parent: int, name: str) -> None:
+        path = self.tables.child(parent, name)
+        await self.run(self.fs.unlink, path)
+        self.tables.dropped(path)
+
+    @_namespace("exclusive")
+    async def rename(self, parent_old: int, name_old: str, parent_new: int,
+                     name_new: str, *, noreplace: bool = False,
+                     exchange: bool = False) -> None:
+        if exchange:
+            raise InvalidArgument("renaming with RENAME_EXCHANGE is not supported")
+        old = self.tables.child(parent_old, name_old)
+        new = self.tables.child(parent_new, name_new)
+        await self.run(self.fs.rename, old, new, noreplace=noreplace)
+        self.tables.moved(old, new)
+
+    async def statfs(self) -> dict:
+        return await self.run(self.fs.statfs)
+
+    # --- files -------------------------------------------------------------------------
+
+    @_namespace("shared")
+    async def open(self, inode: int, flags: int) -> Opened:
+        path = self.tables.path(inode)
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            handle = await self.run(self.fs.open_read, path)
+            try:
+                bid = self.passthrough.for_read(inode, handle)   # counts the open too
+            except BaseException:
+                handle.release()
+                raise
+            if bid:
+                # the kernel reads the file's spool or local copy itself (no page cache
+                # of the mount's own beside it)
+                return self._opened(handle, inode, bid)
+            if not handle.keep_cache:
+                # the kernel's cached attributes may be another version's (another
+                # mount's commit, seen by this open first): it asks again before use
+                await trio.to_thread.run_sync(self._forget_attributes, inode)
+            # the core says whether the kernel's pages are the version this open reads
+            return Opened(self.tables.new_fh(handle, inode), keep_cache=handle.keep_cache)
+        # create=True: the kernel may still hold an entry for a file whose first save
+        # failed (never committed); opening it for writing starts it afresh
+        handle = await self.run(self.fs.open_write, path,
+                                truncate=bool(flags & os.O_TRUNC), create=True)
+        bid = await self.run(self.passthrough.for_write, inode, handle)   # counts it
+        return self._opened(handle, inode, bid)
+
+    @_namespace("shared")
+    async def create(self, parent: int, name: str, mode: int,
+                     flags: int) -> tuple[Opened, Entry]:
+        path = self.tables.child(parent, name)
+        handle = await self.run(self.fs.open_write, path, truncate=True, create=True,
+                                exclusive=bool(flags & os.O_EXCL), mode=mode)
+        entry = self.entry(await self.run(self.fs.stat, path))
+        bid = await self.run(self.passthrough.for_write, entry.inode, handle)
+        return self._opened(handle, entry.inode, bid), entry
+
+    def _opened(self, handle, inode: int, bid: int) -> Opened:
+        fh = self.tables.new_fh(handle, inode)
+        if bid:
+            self._fh_backing[fh] = inode
+        return Opened(fh, backing_id=bid)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self.tables.handle(fh)
+        if isinstance(handle, NodeReader):
+            # bytes already in the page cache (a file just written, read back): read
+            # them right here, without the hop to a thread and back
+            data = handle.read_now(off, size)
+            if data is not None:
+                return data
+        return await self.run(handle.read, off, size)
+
+    async def write(self, fh: int, off: int, buf) -> int:
+        handle = self.tables.handle(fh)
+        lock = self.tables.handle_lock(fh)
+        if not lock.locked():
+            # nothing queued before it: land the bytes in the spool right here, without
+            # the hop to a thread and back (a pwrite into the page cache), unless the
+            # handle is busy (a commit) — then wait in line like any other request
+            n = handle.write_now(off, buf)
+            if n is not None:
+                return n
+        async with lock:                            # FIFO: keeps writes in request order
+            return await self.run(handle.write, off, buf)
+
+    async def flush(self, fh: int) -> None:
+        await self._commit_step(fh, "flush")
+
+    async def fsync(self, fh: int) -> None:
+        await self._commit_step(fh, "fsync")
+
+    async def _commit_step(self, fh: int, step: str) -> None:
+        handle = self.tables.handle(fh)
+        if isinstance(handle, WriteHandle):
+            try:
+                async with self.tables.handle_lock(fh):
+                    await self.run(getattr(handle, step))
+            finally:
+                await self.settle()
+
+    async def release(self, fh: int) -> None:
+        handle = self.tables.handle_or_none(fh)
+        try:
+            if handle is not None:
+                async with self.tables.handle_lock(fh):
+                    await self.run(handle.release)
+        finally:
+            self._forget_fh(fh)
+            await self.settle()
+
+    # --- open files and the kernel's page cache ----------------------------------------
+
+    def _forget_fh(self, fh: int) -> None:
+        inode = self.tables.forget_fh(fh)
+        with self.tables.lock:
+            backed = self._fh_backing.pop(fh, None)
+        if inode is not None:
+            self.tables.let_go(inode)
+        if backed is not None:
+            self.passthrough.drop(backed)
+
+    def _forget_attributes(self, inode: int) -> None:
+        try:
+            self.port.invalidate_inode(inode, attr_only=True)
+        except OSError as exc:            # not known to the kernel (yet)
+            log.debug("invalidating the attributes of inode %d: %s", inode, exc)
+
+    def _invalidate(self, node, gone: bool) -> None:
+        """The core says the kernel's pages of ``node`` may not be its bytes: drop
+        them, and when the file is gone (a failed first save), its name, so that the
+        next open creates it instead of failing on the stale entry. From a thread of its
+        own: the kernel waits for pages that reads in flight hold, and those reads need
+        this daemon to answer."""
+        inode = node.cache_key
+        if inode is None:
+            return
+        entry = None
+        if gone:
+            parent = self.tables.known_inode(keys.parent(node.path))
+            if parent is not None:
+                entry = (parent, os.fsencode(keys.basename(node.path)))
+
+        def drop():
+            try:
+                self.port.invalidate_inode(inode, attr_only=False)
+                if entry is not None:
+                    self.port.invalidate_entry(*entry)
+            except OSError as exc:        # gone from the kernel already
+                log.debug("invalidating inode %d: %s", inode, exc)
+        t = threading.Thread(target=drop, daemon=True, name="s4fs-invalidate")
+        with self.tables.lock:  # started before settle can see it (it joins what it sees)
+            t.start()
+            self._dropping.add(t)
+
+    async def settle(self) -> None:
+        """Wait for the kernel to have dropped what the core asked so far (before a
+        close() or fsync() that failed, or committed, returns to the caller)."""
+        with self.tables.lock:
+            pending, self._dropping = self._dropping, set()
+        if pending:
+            await trio.to_thread.run_sync(lambda: [t.join() for t in pending])
+

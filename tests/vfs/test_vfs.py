@@ -1,0 +1,456 @@
+"""The filesystem core (s4fs.vfs) driven as the kernel drives it, without a kernel.
+
+Each test runs the core on trio with a recording fake of the kernel port: the fake hands
+out backing ids and keeps a descriptor of each backing file, as the kernel does, and
+records every invalidation the core asks for. Where the kernel would write or read a
+file passed through to a backing file, the test does it on the fake's descriptor. What
+only a real kernel shows (page cache, mmap, EBUSY reaching the caller) stays in
+tests/mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import time
+
+import pytest
+import trio
+
+from disk_helpers import stored_file
+from s4fs.errors import Busy, InvalidArgument, NotFound, S4Error, StoreUnavailable
+from s4fs.fs import Filesystem, FsConfig
+from s4fs.stores.faulty import FailingStore
+from s4fs.stores.local import LocalStore
+from s4fs.vfs import ROOT_INODE, KernelPort, Vfs
+
+MiB = 1 << 20
+PIECE = 100003                  # unaligned, as torch.save's writes are
+
+
+def data(seed: str, n: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+class RecordingPort(KernelPort):
+    """The kernel, as far as the core can tell: backing ids for files (the kernel keeps
+    its own reference to each), and the invalidations asked for, in order. ``refuse``:
+    the errno every backing open fails with (the kernel cannot pass through here)."""
+
+    def __init__(self, refuse: int | None = None) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple] = []
+        self.files: dict[int, int] = {}         # backing id -> the kernel's descriptor
+        self._next = 1
+
+    def open_backing(self, fd: int) -> int:
+        if self.refuse is not None:
+            self.calls.append(("refused", self.refuse))
+            raise OSError(self.refuse, os.strerror(self.refuse))
+        bid, self._next = self._next, self._next + 1
+        # the kernel opens the backing file anew for each passthrough open, with that
+        # open's flags (a save passes through to a copy the daemon holds read-only)
+        self.files[bid] = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)
+        self.calls.append(("open_backing", bid))
+        return bid
+
+    def close_backing(self, backing_id: int) -> None:
+        os.close(self.files.pop(backing_id))
+        self.calls.append(("close_backing", backing_id))
+
+    def invalidate_inode(self, inode: int, *, attr_only: bool) -> None:
+        if not attr_only:
+            time.sleep(0.05)      # the kernel waits for the pages reads in flight hold
+        self.calls.append(("invalidate_inode", inode, attr_only))
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        self.calls.append(("invalidate_entry", parent, name))
+
+    def named(self, what: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == what]
+
+
+class Kernel:
+    """Requests as the kernel sends them for the system calls a test makes. A file
+    opened with a backing id is read and written on the backing file itself."""
+
+    def __init__(self, vfs: Vfs, port: RecordingPort) -> None:
+        self.vfs, self.port = vfs, port
+
+    async def create(self, name: str, parent: int = ROOT_INODE):
+        opened, entry = await self.vfs.create(parent, name, 0o644, os.O_WRONLY)
+        return opened, entry.inode
+
+    async def open(self, name: str, flags: int, parent: int = ROOT_INODE):
+        inode = (await self.vfs.lookup(parent, name)).inode
+        return await self.vfs.open(inode, flags), inode
+
+    async def write(self, opened, data: bytes, off: int = 0) -> None:
+        for i in range(0, len(data), PIECE):
+            piece = data[i:i + PIECE]
+            if opened.backing_id:
+                os.pwrite(self.port.files[opened.backing_id], piece, off + i)
+            else:
+                assert await self.vfs.write(opened.fh, off + i, piece) == len(piece)
+
+    async def read(self, opened, size: int, off: int = 0) -> bytes:
+        if opened.backing_id:
+            return os.pread(self.port.files[opened.backing_id], size, off)
+        out = bytearray()
+        while len(out) < size:
+            got = await self.vfs.read(opened.fh, off + len(out), min(MiB, size - len(out)))
+            if not got:
+                break
+            out += got
+        return bytes(out)
+
+    async def close(self, opened) -> None:
+        """close(): the kernel's flush, then (the last reference gone) its release."""
+        try:
+            await self.vfs.flush(opened.fh)
+        finally:
+            await self.vfs.release(opened.fh)
+
+    async def save(self, name: str, payload: bytes) -> int:
+        opened, inode = await self.create(name)
+        await self.write(opened, payload)
+        await self.close(opened)
+        return inode
+
+    async def read_file(self, name: str) -> bytes:
+        opened, inode = await self.open(name, os.O_RDONLY)
+        try:
+            size = (await self.vfs.getattr(inode)).size
+            return await self.read(opened, size)
+        finally:
+            await self.vfs.release(opened.fh)
+
+
+@pytest.fixture
+def site(tmp_path):
+    """``make(passthrough=..., store=..., **cfg)``: a core over a local store with a
+    recording port; ``stored(name)``: a file's bytes as a fresh node reads them."""
+    made = []
+    root = str(tmp_path / "store")
+
+    def make(*, passthrough=False, optional=False, refuse=None, store=None, **cfg):
+        cfg.setdefault("metadata_ttl", 0.0)
+        cfg.setdefault("cache_dir", str(tmp_path / f"cache{len(made)}"))
+        fs = Filesystem(store or LocalStore(root), FsConfig(**cfg))
+        port = RecordingPort(refuse)
+        vfs = Vfs(fs, port, uid=1234, gid=5678)
+        vfs.passthrough.enabled, vfs.passthrough.optional = passthrough, optional
+        made.append(fs)
+        return Kernel(vfs, port)
+
+    make.stored = lambda name: stored_file(root, name)
+    yield make
+    for fs in made:
+        fs.close()
+
+
+# --- namespace and inode tables -----------------------------------------------------
+
+def test_a_file_saved_through_the_core_reads_back_and_is_stored_exact(site):
+    k = site()
+    payload = data("a", 3 * MiB + 17)
+
+    async def main():
+        inode = await k.save("ckpt.pt", payload)
+        entry = await k.vfs.lookup(ROOT_INODE, "ckpt.pt")
+        assert (entry.inode, entry.size, entry.nlink) == (inode, len(payload), 1)
+        assert (entry.uid, entry.gid) == (1234, 5678)
+        assert await k.read_file("ckpt.pt") == payload
+    trio.run(main)
+    assert site.stored("ckpt.pt") == payload
+    assert k.port.named("open_backing") == []         # passthrough off: requests only
+
+
+def test_inodes_follow_renames_and_a_removed_name_is_not_found(site):
+    k = site()
+
+    async def main():
+        await k.vfs.mkdir(ROOT_INODE, "run", 0o755)
+        run = (await k.vfs.lookup(ROOT_INODE, "run")).inode
+        a = await k.save("a.pt", b"first")
+        await k.vfs.rename(ROOT_INODE, "a.pt", run, "b.pt")
+        assert (await k.vfs.lookup(run, "b.pt")).inode == a
+        with pytest.raises(NotFound):
+            await k.vfs.lookup(ROOT_INODE, "a.pt")
+        # a folder renamed: what is under it keeps its inode
+        await k.vfs.rename(ROOT_INODE, "run", ROOT_INODE, "run2")
+        assert (await k.vfs.lookup(ROOT_INODE, "run2")).inode == run
+        assert (await k.vfs.getattr(a)).size == 5
+        # renamed over: the name keeps the moved file's inode, the old one names nothing
+        c = await k.save("c.pt", b"third!")
+        await k.vfs.rename(ROOT_INODE, "c.pt", run, "b.pt")
+        assert (await k.vfs.lookup(run, "b.pt")).inode == c
+        with pytest.raises(NotFound):
+            await k.vfs.getattr(a)
+        await k.vfs.unlink(run, "b.pt")
+        with pytest.raises(NotFound):
+            await k.vfs.getattr(c)
+        with pytest.raises(NotFound):
+            await k.vfs.open(a, os.O_RDONLY)
+    trio.run(main)
+
+
+def test_a_file_unlinked_while_open_reads_whole_and_shows_no_links(site):
+    k = site()
+    payload = data("u", 2 * MiB)
+
+    async def main():
+        await k.save("x.pt", payload)
+        opened, inode = await k.open("x.pt", os.O_RDONLY)
+        await k.vfs.unlink(ROOT_INODE, "x.pt")
+        e = await k.vfs.getattr(inode)
+        assert (e.nlink, e.size) == (0, len(payload))
+        assert await k.read(opened, len(payload)) == payload
+        await k.vfs.release(opened.fh)
+        with pytest.raises(NotFound):
+            await k.vfs.getattr(inode)
+    trio.run(main)
+
+
+def test_rename_exchange_is_refused_and_changes_nothing(site):
+    k = site()
+
+    async def main():
+        await k.save("a", b"A")
+        await k.save("b", b"B")
+        with pytest.raises(InvalidArgument, match="RENAME_EXCHANGE"):
+            await k.vfs.rename(ROOT_INODE, "a", ROOT_INODE, "b", exchange=True)
+        assert (await k.read_file("a"), await k.read_file("b")) == (b"A", b"B")
+        with pytest.raises(S4Error):
+            await k.vfs.rename(ROOT_INODE, "a", ROOT_INODE, "b", noreplace=True)
+        assert await k.read_file("b") == b"B"
+    trio.run(main)
+
+
+def test_readdir_lists_every_entry_once_from_any_offset(site):
+    k = site()
+
+    async def main():
+        for n in ("a", "b", "c"):
+            await k.save(n, n.encode())
+        fh = await k.vfs.opendir(ROOT_INODE)
+        got = [(name, e.size, nxt) async for name, e, nxt in k.vfs.readdir(fh, 0)]
+        assert [g[0] for g in got] == [".", "..", "a", "b", "c"]
+        rest = [name async for name, _, _ in k.vfs.readdir(fh, got[2][2])]
+        assert rest == ["b", "c"]
+        await k.vfs.releasedir(fh)
+    trio.run(main)
+
+
+def test_setattr_truncates_by_path_and_keeps_the_mode(site):
+    k = site()
+    payload = data("t", MiB + 5)
+
+    async def main():
+        inode = await k.save("t.pt", payload)
+        e = await k.vfs.setattr(inode, {"size": 1000, "mode": 0o600}, None)
+        assert (e.size, e.mode & 0o777) == (1000, 0o600)
+        assert await k.read_file("t.pt") == payload[:1000]
+    trio.run(main)
+    assert site.stored("t.pt") == payload[:1000]
+
+
+# --- coherence: what the kernel is told to drop ---------------------------------------
+
+def test_a_save_nobody_read_lets_the_kernel_keep_its_pages(site):
+    k = site()
+
+    async def main():
+        inode = await k.save("w.pt", data("w", 2 * MiB))
+        opened, _ = await k.open("w.pt", os.O_RDONLY)
+        assert opened.keep_cache          # the kernel's pages are the committed bytes
+        await k.vfs.release(opened.fh)
+        return inode
+    inode = trio.run(main)
+    assert ("invalidate_inode", inode, False) not in k.port.calls
+
+
+def test_a_read_during_a_save_has_the_kernels_pages_dropped_before_close_returns(site):
+    k = site()
+    payload = data("r", 3 * MiB)
+
+    async def main():
+        w, inode = await k.create("r.pt")
+        await k.write(w, payload[:MiB])
+        r, _ = await k.open("r.pt", os.O_RDONLY)
+        assert await k.read(r, MiB) == payload[:MiB]
+        await k.write(w, payload[MiB:], MiB)
+        await k.close(w)
+        # dropped by the time close() returned: a read after it sees no stale page
+        assert ("invalidate_inode", inode, False) in k.port.calls
+        await k.vfs.release(r.fh)
+        assert await k.read_file("r.pt") == payload
+    trio.run(main)
+
+
+def test_a_failed_first_save_drops_the_pages_and_the_name(site, tmp_path):
+    store = FailingStore(LocalStore(str(tmp_path / "store")), fail_on={"put"},
+                         key_prefix="packs/", error=StoreUnavailable)
+    k = site(store=store)
+
+    async def main():
+        w, inode = await k.create("lost.pt")
+        await k.write(w, data("l", MiB))
+        with pytest.raises(S4Error):
+            await k.close(w)
+        assert ("invalidate_inode", inode, False) in k.port.calls
+        assert ("invalidate_entry", ROOT_INODE, b"lost.pt") in k.port.calls
+        with pytest.raises(NotFound):
+            await k.vfs.lookup(ROOT_INODE, "lost.pt")
+    trio.run(main)
+
+
+def test_another_mounts_commit_is_read_whole_with_attributes_asked_again(site):
+    k, other = site(), site()
+    old, new = data("old", 2 * MiB), data("new", MiB + 3)
+
+    async def main():
+        await k.save("shared.pt", old)
+        assert await k.read_file("shared.pt") == old
+        await other.save("shared.pt", new)
+        opened, inode = await k.open("shared.pt", os.O_RDONLY)
+        assert not opened.keep_cache       # the kernel's pages are the old version's
+        assert ("invalidate_inode", inode, True) in k.port.calls
+        assert await k.read(opened, len(new) + 10) == new
+        await k.vfs.release(opened.fh)
+    trio.run(main)
+
+
+# --- the passthrough policy ------------------------------------------------------------
+
+def test_a_save_through_passthrough_is_the_spool_the_kernel_writes(site):
+    k = site(passthrough=True)
+    payload = data("p", 4 * MiB + 1)
+
+    async def main():
+        w, inode = await k.create("pt.pt")
+        assert w.backing_id
+        await k.write(w, payload)         # on the backing file: no write request
+        await k.close(w)
+        return inode
+    inode = trio.run(main)
+    assert k.port.named("open_backing") == [("open_backing", 1)]
+    assert k.port.named("close_backing") == [("close_backing", 1)]
+    # the kernel wrote the spool, not its own pages: whatever pages it has are older
+    assert ("invalidate_inode", inode, False) in k.port.calls
+    assert site.stored("pt.pt") == payload
+
+
+def test_readers_of_a_local_copy_share_one_backing_file_until_the_last_close(site):
+    k = site(passthrough=True)
+    payload = data("s", 2 * MiB)
+
+    async def main():
+        await k.save("s.pt", payload)
+        k.port.calls.clear()
+        r1, _ = await k.open("s.pt", os.O_RDONLY)
+        r2, _ = await k.open("s.pt", os.O_RDONLY)
+        assert r1.backing_id and r1.backing_id == r2.backing_id
+        assert await k.read(r2, len(payload)) == payload
+        await k.vfs.release(r1.fh)
+        assert k.port.named("close_backing") == []
+        await k.vfs.release(r2.fh)
+        assert k.port.calls == [("open_backing", r1.backing_id),
+                                ("close_backing", r1.backing_id)]
+    trio.run(main)
+
+
+def test_a_save_over_a_file_readers_hold_takes_their_copy_over(site):
+    k = site(passthrough=True)
+    old, new = data("old", 2 * MiB), data("new", 3 * MiB + 1)
+
+    async def main():
+        await k.save("shared.pt", old)
+        r, _ = await k.open("shared.pt", os.O_RDONLY)
+        assert await k.read(r, 4096) == old[:4096]
+        w, _ = await k.open("shared.pt", os.O_WRONLY | os.O_TRUNC)
+        assert w.backing_id == r.backing_id    # one backing file per inode
+        await k.write(w, new)
+        await k.close(w)
+        assert await k.read(r, len(new) + 10) == new   # as on a local disk
+        await k.vfs.release(r.fh)
+        assert len(k.port.named("open_backing")) == 2  # the save's, then the readers'
+    trio.run(main)
+    assert site.stored("shared.pt") == new
+
+
+def test_a_save_beside_a_reader_on_the_page_cache_stays_on_requests(site):
+    k = site(passthrough=True, decoded_cache_bytes=0)   # no local copy to pass through
+    old, new = data("old", MiB), data("new", 2 * MiB)
+
+    async def main():
+        await k.save("c.pt", old)
+        k.port.calls.clear()
+        r, _ = await k.open("c.pt", os.O_RDONLY)
+        assert r.backing_id == 0
+        w, _ = await k.open("c.pt", os.O_WRONLY | os.O_TRUNC)
+        assert w.backing_id == 0          # the kernel allows none beside cached opens
+        await k.write(w, new)
+        await k.close(w)
+        await k.vfs.release(r.fh)
+    trio.run(main)
+    assert k.port.named("open_backing") == []
+    assert site.stored("c.pt") == new
+
+
+def test_a_save_over_a_copy_no_cache_keeps_is_busy_and_changes_nothing(site):
+    k = site(passthrough=True, decoded_cache_bytes=MiB)
+    first, second = data("first", 3 * MiB + 1), data("second", 2 * MiB)
+
+    async def main():
+        w, _ = await k.create("latest.pt")
+        await k.write(w, first[:MiB])
+        r, _ = await k.open("latest.pt", os.O_RDONLY)  # during the save: its spool
+        assert r.backing_id == w.backing_id
+        await k.write(w, first[MiB:], MiB)
+        await k.close(w)
+        with pytest.raises(Busy) as exc:
+            await k.open("latest.pt", os.O_WRONLY | os.O_TRUNC)
+        assert exc.value.errno == errno.EBUSY
+        assert "close them, or mount without --passthrough" in str(exc.value)
+        assert await k.read(r, len(first) + 1) == first
+        await k.vfs.release(r.fh)
+        assert k.port.named("close_backing") == [("close_backing", r.backing_id)]
+        assert await k.save("latest.pt", second)
+    trio.run(main)
+    assert site.stored("latest.pt") == second
+
+
+@pytest.mark.parametrize("refuse", [errno.ENOTTY, errno.EPERM, errno.EOPNOTSUPP])
+def test_a_kernel_without_passthrough_turns_it_off_once_when_not_asked_for(site, refuse):
+    k = site(passthrough=True, optional=True, refuse=refuse)
+    payload = data("n", MiB + 1)
+
+    async def main():
+        for name in ("a.pt", "b.pt"):
+            w, _ = await k.create(name)
+            assert w.backing_id == 0
+            await k.write(w, payload)
+            await k.close(w)
+    trio.run(main)
+    assert k.port.named("refused") == [("refused", refuse)]      # asked once
+    assert not k.vfs.passthrough.enabled
+    assert k.vfs.info["transport"].startswith("FUSE requests (FUSE passthrough refused")
+    assert "CONFIG_FUSE_PASSTHROUGH" in k.vfs.info["transport"]
+    assert site.stored("a.pt") == site.stored("b.pt") == payload
+
+
+def test_passthrough_asked_for_stays_on_when_one_file_is_refused(site):
+    k = site(passthrough=True, optional=False, refuse=errno.EPERM)
+
+    async def main():
+        for name in ("a.pt", "b.pt"):
+            w, _ = await k.create(name)
+            assert w.backing_id == 0
+            await k.write(w, name.encode())
+            await k.close(w)
+    trio.run(main)
+    assert len(k.port.named("refused")) == 2
+    assert k.vfs.passthrough.enabled
+    assert site.stored("b.pt") == b"b.pt"
