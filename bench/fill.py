@@ -200,7 +200,7 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
     ``chain``: the ingest's max_chain_read (None: its default)."""
     from s4fs.fs import Filesystem, FsConfig
     from s4fs.coding import IngestConfig
-    from s4fs.report import stored_split
+    from s4fs.manifest import stored_split
     from s4fs.runtime import Runtime
     from s4fs.stores import LocalStore
     ingest = IngestConfig(processes=True, device=device,

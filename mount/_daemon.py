@@ -238,9 +238,9 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
         # slower). The GPU worker: loading CuPy, nvCOMP and a CUDA context takes seconds,
         # which the first save or cold load would otherwise wait for. Either wait is
         # bounded; a worker not up by then goes on starting in the background.
-        from s4fs.codec import resolve_device
+        from s4fs.coding import placement
         coders = fs.runtime.pools.for_ingest(ingest)
-        if resolve_device(ingest.device) == "cuda":
+        if placement(ingest).gpu:
             coders.warm(timeout=GPU_WARM_SECONDS)
         else:
             starting = threading.Thread(target=coders.warm, daemon=True,

@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from s4fs import keys, sealed
-from s4fs.codec import resolve_device
-from s4fs.coding import IngestConfig
+from s4fs.coding import IngestConfig, placement
 from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty,
                          InvalidArgument, IsADirectory, NotADirectory, NotFound, S4Error)
 from s4fs.manifest import Manifest, seconds_to_ns
@@ -149,13 +148,14 @@ class Filesystem:
         # on a mount whose pipeline is the GPU worker process, there (the daemon itself
         # makes no CUDA context)
         ingest = self.cfg.ingest
-        self._gpu_worker = ingest.processes and resolve_device(ingest.device) == "cuda"
         offload = None
-        if self._gpu_worker:
+        if placement(ingest).gpu_worker:
             pools = self.pools
             offload = lambda blob, base: pools.gpu(ingest.nice).decode_blob(blob, base)  # noqa: E731
         self.source = ChunkSource(store, cache_bytes=self.cfg.cache_bytes,
-                                  device="auto", blob_cache=self.pack_cache, offload=offload)
+                                  device="auto", blob_cache=self.pack_cache, offload=offload,
+                                  threads=self.runtime.thread(
+                                      "s4fs-read", max(4, os.cpu_count() or 4)))
         # versions being decoded ahead, and where (the read room's policy)
         self.fills = Fills(store, self.decoded, ingest, self.source, self.pools,
                            self.runtime.cfg.gpu_fill_batch,

@@ -33,8 +33,7 @@ import threading
 import time
 import xxhash
 
-from s4fs.codec import resolve_device
-from s4fs.coding import DecodeJob, IngestConfig, Pools, ThreadPool
+from s4fs.coding import DecodeJob, IngestConfig, Pools, placement
 from s4fs.manifest import Manifest
 from s4fs.read.fetch import PREFIX as FETCH_PREFIX, Fetch
 
@@ -289,9 +288,7 @@ class Fills:
         """Decode version ``m`` ahead, the bytes at file offset ``first`` first: ``(fill,
         fd)`` for a reader — ``fill`` to wait on (None when the copy is already whole),
         ``fd`` to read it — or None (then the reader decodes in this process)."""
-        ingest = self.ingest
-        where = resolve_device(ingest.device)
-        if self.decoded is None or (where == "cpu" and not ingest.processes) or \
+        if self.decoded is None or not placement(self.ingest).decodes_ahead or \
                 m.size < MIN_SIZE or m.size > self.decoded.max_bytes:
             return None
         with self._lock:
@@ -300,12 +297,8 @@ class Fills:
                 fd = self.decoded.open(m.id)
                 if fd is not None:
                     return None, fd
-                if where == "cuda":
-                    pool = (self.pools.for_ingest(ingest) if ingest.processes else
-                            ThreadPool(ingest, self.source, pools=self.pools))
-                    batch = min(ingest.gpu_batch_bytes, self.gpu_batch)
-                else:
-                    pool, batch = self.pools.for_ingest(ingest), ingest.batch_bytes
+                pool, batch = self.pools.decode_ahead(self.ingest, self.source,
+                                                      self.gpu_batch)
                 try:
                     f = Fill(m, self.store, self.decoded, pool, batch, self._done,
                              first, self.fetcher)

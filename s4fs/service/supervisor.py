@@ -200,8 +200,5 @@ def mount_argv(cfg) -> list[str]:
     """The command that mounts ``cfg.store`` on ``cfg.mountpoint`` (see ``s4fs mount``)."""
     if cfg.runner.mount_command:
         return list(cfg.runner.mount_command)
-    argv = [sys.executable, "-m", "s4fs.cli", "mount", cfg.store, cfg.mountpoint,
-            "--foreground", "--cache-dir", cfg.cache_dir, "--device", cfg.device]
-    if cfg.allow_other:
-        argv.append("--allow-other")
-    return argv
+    return [sys.executable, "-m", "s4fs.cli", "mount", cfg.store, cfg.mountpoint,
+            "--foreground", *cfg.mount_flags()]

@@ -47,7 +47,7 @@ from s4fs.manifest import ChunkRef, Manifest, Stream
 from s4fs.write.ingest import PackWriter
 
 if TYPE_CHECKING:
-    from s4fs.coding import IngestConfig
+    from s4fs.coding import IngestConfig, Pools
     from s4fs.read import ChunkSource, DecodedCache
     from s4fs.stores import Store
 
@@ -63,6 +63,7 @@ class RewritePort(Protocol):
     store: "Store"
     source: "ChunkSource"             # a chunk's verified bytes, decoded from the store
     decoded: "DecodedCache | None"    # a version's decoded copy, read instead
+    pools: "Pools"                    # the owner's threads upload the new packs
 
     def rewritten(self, path: str, m: Manifest) -> None:
         """``path``'s manifest is now ``m`` (same bytes, stored otherwise)."""
@@ -119,7 +120,7 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         return out
     # the newest version, when it shares blobs of the previous one's packs
     newest = _current(fs.store, new_path, new)
-    packs = PackWriter(fs.store, cfg, uploads=1)
+    packs = PackWriter(fs.store, cfg, uploads=1, pools=fs.pools)
     try:
         mapping = _by_pack(fs, cfg, old, new, mine,
                            [m for _, _, m in older] + ([newest[1]] if newest else []),

@@ -57,7 +57,7 @@ import xxhash
 from s4fs import metrics
 from s4fs.errors import NoSpace, S4Error, SpoolChanged
 from s4fs.write.ingest import IngestSession
-from s4fs.manifest import Manifest, seconds_to_ns
+from s4fs.manifest import Manifest, seconds_to_ns, stored_split
 from s4fs.parse import looks_complete
 from s4fs.write.spool import Spool
 
@@ -586,7 +586,6 @@ class WriteHandle:
                  self.path, m.size, self.nwrites, now - self.opened,
                  f" ({now - self.closed_at:.3f} s after the close)" if self.closed_at else "")
         self.nwrites, self.closed_at = 0, 0.0
-        from s4fs.report import stored_split
         split = stored_split(m)
         metrics.observe_save(self.path, m.size, m.stored_bytes(),
                              time.monotonic() - self.opened,
