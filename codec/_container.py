@@ -279,6 +279,8 @@ def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
     return n + sum(2 + len(_varint(r)) + len(_varint(e)) for r, e in planes)
 
 
+# long on purpose: the one reader of a header, field by field in the order of the
+# format, each check beside the field it refuses
 def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
     """The blob's header, the one reader of it. ``whole=False``: ``blob`` may be just the
     blob's first bytes (enough to hold the header): its length is then not checked, or,
@@ -389,6 +391,8 @@ def zero_part_sizes(raw_len, log2, kept_len):
     return np.where(log2 > 0, 1 + varint_sizes(np.maximum(kept_len, 0)) + mlen, 0)
 
 
+# long on purpose: the header's fields written in the order the format lays them out
+# (header()), as array operations over every blob at once
 def header_many(dtype_code, flags, layout, checksum, base_checksum, raw_len,
                 plane_blob, plane_cid, plane_major, plane_raw, plane_enc, zero_blocks=None):
     """Every blob's header (as ``header`` writes it), back to back.
@@ -511,6 +515,9 @@ class Headers:
         return self.kept_len
 
 
+# long on purpose: the header's fields read in the order the format lays them out
+# (header()), as array operations over every blob at once; each step needs the cursor
+# and the refusals of the steps before it
 def unpack_many(buf, starts, totals, avail=None):
     """Parse many headers from one byte array: each blob's first ``avail`` bytes (default:
     to the end of ``buf``) at ``starts``, its full length in ``totals``. Returns

@@ -34,10 +34,9 @@ DEVICES = ("auto", "cpu", "cuda")
 AUTO_MIN_HOST_BYTES = 1 << 20
 
 # a pipeline under "auto" codes on the GPU only on machines with fewer cores than this:
-# on the 16-core H200 box the GPU worker process saves 11-25 % faster than 16 CPU coding
-# workers, but a fresh node's cold load (everything decoded ahead) is still about
-# 0.5 s slower (docs/BENCHMARKS.md §4); a few cores code at well under 1 GB/s and the GPU at
-# tens of GB/s
+# with 16 cores the GPU worker process saves faster than the CPU coding workers, but a
+# fresh node's cold load (everything decoded ahead) is slower (docs/BENCHMARKS.md §4);
+# a few cores code at well under 1 GB/s and the GPU at tens of GB/s
 AUTO_GPU_BELOW_CORES = 16
 
 

@@ -56,8 +56,8 @@ def _raise_readahead(mountpoint: str, kb: int = READAHEAD_KB) -> None:
 def _raise_background(mountpoint: str, n: int = MAX_BACKGROUND) -> None:
     """Let the kernel keep ``n`` read-ahead requests in flight to the daemon, not 12: a
     file read through FUSE requests (no passthrough) from a cold local copy waits on a
-    disk read per request, and 12 never fill the 16 MiB read-ahead window (measured on
-    2 cores: a remount's load of 259 MiB 0.32-0.35 s with 12, 0.26-0.27 s with 64).
+    disk read per request, and 12 never fill the 16 MiB read-ahead window
+    (docs/BENCHMARKS.md §4).
     The knob is in the fusectl filesystem, which systemd mounts at boot; a container
     often has it unmounted, and root mounts it (once, for every FUSE mount after)."""
     top = mounts_at(mountpoint)
@@ -210,12 +210,39 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
     the whole mount at the kernel's first refusal). ``info``: a dict kept up to date
     with how the mount moves bytes (``transport``: for ``s4fs status``)."""
     import pyfuse3
-    import trio
 
     from ._ops import S4Operations
 
     prepare_mountpoint(mountpoint)
     ops = S4Operations(fs, workers=workers, uid=uid, gid=gid, info=info)
+    _choose_transport(ops, passthrough)
+    _warm_coders(fs)
+    opts = set(pyfuse3.default_options)
+    # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
+    opts.add(fsname_option(source or fs.store.url))
+    opts.add("subtype=" + SUBTYPE)
+    if allow_other:
+        opts.add("allow_other")
+    opts.update(extra_options)
+    # FUSE requests are short; background coding threads are not: let a waiting request
+    # handler get the interpreter sooner than the default 5 ms
+    sys.setswitchinterval(0.001)
+    pyfuse3.init(ops, mountpoint, opts)
+    log.info("mounted %s at %s", fs.store.url, mountpoint)
+    clean = False
+    try:
+        _serve(mountpoint, ready_fd)
+        clean = True
+    finally:
+        _notify("STOPPING=1")
+        pyfuse3.close(unmount=True)
+        fs.close()
+        log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
+
+
+def _choose_transport(ops, passthrough: str) -> None:
+    """Turn FUSE passthrough on (``"on"``, or ``"auto"`` where it can be had) or leave
+    the mount on FUSE requests, and say which for ``s4fs status``."""
     if passthrough == "on":
         require_passthrough()
     problem = passthrough_problem() if passthrough == "auto" else None
@@ -229,74 +256,65 @@ def mount_foreground(fs, mountpoint: str, *, allow_other: bool = False,
                           "the local spool and reads local copies itself)")
     else:
         ops.set_transport("FUSE requests (--no-passthrough)")
+
+
+def _warm_coders(fs) -> None:
+    """Start the coding worker processes before the mount is ready: the first save
+    should not wait for interpreters to start, and a checkpoint loaded right after
+    mounting (a job resuming) should not compete with a dozen of them starting (workers
+    starting beside a load after a remount slow it down markedly). The GPU worker:
+    loading CuPy, nvCOMP and a CUDA context takes seconds, which the first save or cold
+    load would otherwise wait for. Either wait is bounded; a worker not up by then goes
+    on starting in the background."""
+    from s4fs.coding import placement
     ingest = fs.cfg.ingest
-    if ingest.processes:
-        # start the coding worker processes before the mount is ready: the first save
-        # should not wait for interpreters to start, and a checkpoint loaded right after
-        # mounting (a job resuming) should not compete with a dozen of them starting
-        # (measured: 8 workers starting beside it made a load after a remount 1.6x
-        # slower). The GPU worker: loading CuPy, nvCOMP and a CUDA context takes seconds,
-        # which the first save or cold load would otherwise wait for. Either wait is
-        # bounded; a worker not up by then goes on starting in the background.
-        from s4fs.coding import placement
-        coders = fs.runtime.pools.for_ingest(ingest)
-        if placement(ingest).gpu:
-            coders.warm(timeout=GPU_WARM_SECONDS)
-        else:
-            starting = threading.Thread(target=coders.warm, daemon=True,
-                                        name="s4fs-workers-start")
-            starting.start()
-            starting.join(CPU_WARM_SECONDS)
-    opts = set(pyfuse3.default_options)
-    # the store URL as the mount's source lets `s4fs stat /mnt/s4/x` find the store
-    opts.add(fsname_option(source or fs.store.url))
-    opts.add("subtype=" + SUBTYPE)
-    if allow_other:
-        opts.add("allow_other")
-    opts.update(extra_options)
-    # FUSE requests are short; background coding threads are not: let a waiting request
-    # handler get the interpreter sooner than the default 5 ms
-    sys.setswitchinterval(0.001)
-    pyfuse3.init(ops, mountpoint, opts)
-    log.info("mounted %s at %s", fs.store.url, mountpoint)
+    if not ingest.processes:
+        return
+    coders = fs.runtime.pools.for_ingest(ingest)
+    if placement(ingest).gpu:
+        coders.warm(timeout=GPU_WARM_SECONDS)
+    else:
+        starting = threading.Thread(target=coders.warm, daemon=True,
+                                    name="s4fs-workers-start")
+        starting.start()
+        starting.join(CPU_WARM_SECONDS)
+
+
+def _serve(mountpoint: str, ready_fd: int | None) -> None:
+    """Answer FUSE requests until a signal or an unmount; report the mount ready (on
+    ``ready_fd`` and to systemd) once the kernel's limits are raised."""
+    import pyfuse3
+    import trio
+
+    async def stop_on_signal():
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+            async for sig in sigs:
+                log.info("signal %s: unmounting", sig)
+                pyfuse3.terminate()
+                return
+
+    async def ready_after_init():
+        # The kernel caps the connection's read-ahead at 128 KiB when it gets our INIT
+        # reply (from inside pyfuse3.main), and a file takes its read-ahead when it is
+        # opened. So: wait until INIT is answered (a statfs of the mount returns only
+        # then), raise the read-ahead and the reads in flight, and only then report the
+        # mount ready. A file opened earlier (a fresh node's first torch.load) would be
+        # read in 128 KiB requests all along.
+        await trio.to_thread.run_sync(_probe, mountpoint, INIT_WAIT_SECONDS)
+        await trio.to_thread.run_sync(raise_kernel_limits, mountpoint)
+        if ready_fd is not None:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+        _notify("READY=1")
 
     async def main():
         async with trio.open_nursery() as nursery:
-            async def stop_on_signal():
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
-                    async for sig in sigs:
-                        log.info("signal %s: unmounting", sig)
-                        pyfuse3.terminate()
-                        return
             nursery.start_soon(stop_on_signal)
-
-            async def ready_after_init():
-                # The kernel caps the connection's read-ahead at 128 KiB when it gets
-                # our INIT reply (from inside pyfuse3.main), and a file takes its
-                # read-ahead when it is opened. So: wait until INIT is answered (a
-                # statfs of the mount returns only then), raise the read-ahead and the
-                # reads in flight, and only then report the mount ready. A file opened
-                # earlier (a fresh node's first torch.load) would be read in 128 KiB
-                # requests all along.
-                await trio.to_thread.run_sync(_probe, mountpoint, INIT_WAIT_SECONDS)
-                await trio.to_thread.run_sync(raise_kernel_limits, mountpoint)
-                if ready_fd is not None:
-                    os.write(ready_fd, b"1")
-                    os.close(ready_fd)
-                _notify("READY=1")
             nursery.start_soon(ready_after_init)
             await pyfuse3.main(min_tasks=8, max_tasks=64)
             nursery.cancel_scope.cancel()
 
-    clean = False
-    try:
-        trio.run(main)
-        clean = True
-    finally:
-        _notify("STOPPING=1")
-        pyfuse3.close(unmount=True)
-        fs.close()
-        log.info("unmounted %s (%s)", mountpoint, "clean" if clean else "after an error")
+    trio.run(main)
 
 
 def run_daemon(argv: list[str], mountpoint: str, timeout: float = 60.0,

@@ -417,6 +417,8 @@ def cmd_gc(args) -> int:
     return 0
 
 
+# long on purpose: the declaration of every subcommand, one block each, in the order
+# --help lists them (the mount's own options are declared in s4fs/options.py)
 def build_parser() -> argparse.ArgumentParser:
     from s4fs.options import add_arguments
     p = argparse.ArgumentParser(prog="s4fs", description="lossless checkpoint filesystem")

@@ -28,10 +28,9 @@ class RuntimeConfig:
 
     ``gpu_worker_init``: "module:function" run first in a new GPU worker process (tests
     install the emulated GPU there); None in normal use. ``gpu_fill_batch``: the most
-    bytes of one GPU decode-ahead batch. Eight of 16 MiB in flight around the one GPU
-    thread, measured on the H200 (bench/mount.py, cuda, cold load of 0.59 GiB after a
-    remount): two of 64 MiB 1.35 s, four of 64 MiB 1.02 s, eight of 16 MiB 0.93 s (the
-    CPU workers: 0.88 s)."""
+    bytes of one GPU decode-ahead batch: small batches, several in flight around the one
+    GPU thread, so a reader's first bytes do not wait for a whole large batch
+    (docs/BENCHMARKS.md, "Measurements behind the code's choices")."""
 
     gpu_worker_init: str | None = None
     gpu_fill_batch: int = 16 << 20

@@ -214,34 +214,61 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
     moved the bytes. 0: all came back exactly (and through FUSE passthrough, where
     ``require_passthrough``); 1: a byte differed, or a read failed; 2: the mount could
     not be had; 3: passthrough was required and not used (the reason printed)."""
-    import hashlib
-    import json
-    import os
     import shutil
-    import subprocess
     import tempfile
-
-    from s4fs.control import request
 
     out = out or sys.stdout
     work = tempfile.mkdtemp(prefix="s4fs-selftest-", dir=workdir)
-    store, mnt, cache = (os.path.join(work, d) for d in ("store", "mnt", "cache"))
-    os.makedirs(mnt)
-    cli = [sys.executable, "-m", "s4fs.cli"]
-    mount = cli + ["mount", store, mnt, "--cache-dir", cache, *mount_args]
-    # the second mount starts with an empty cache: every byte it reads is decoded from
-    # the store
-    remount = [a if a != cache else cache + "-fresh" for a in mount]
-    files = _mount_files(mib)
-    rows, failures, stored, status = [], [], {}, {}
+    check = _MountCheck(work, mount_args, _mount_files(mib))
+    problem = check.run(check.mount)
+    if problem:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"selftest --mount: the mount failed: {problem}", file=out)
+        return 2
+    try:
+        check.write_and_read()
+        check.remount_and_read()
+    finally:
+        if check.mounted:
+            check.run(check.cli + ["umount", check.mnt], timeout=300)
+        shutil.rmtree(work, ignore_errors=True)
+    return check.report(out, require_passthrough)
 
+
+class _MountCheck:
+    """One run of the mount selftest in ``work``: the commands, what each file read
+    back, what failed, and what the mount said of itself."""
+
+    def __init__(self, work: str, mount_args, files) -> None:
+        import os
+        self.store, self.mnt, cache = (os.path.join(work, d)
+                                       for d in ("store", "mnt", "cache"))
+        os.makedirs(self.mnt)
+        self.cli = [sys.executable, "-m", "s4fs.cli"]
+        self.mount = self.cli + ["mount", self.store, self.mnt, "--cache-dir", cache,
+                                 *mount_args]
+        # the second mount starts with an empty cache: every byte it reads is decoded
+        # from the store
+        self.remount = [a if a != cache else cache + "-fresh" for a in self.mount]
+        self.files = files
+        self.rows: list[list[str]] = []
+        self.failures: list[str] = []
+        self.stored: dict[str, int] = {}
+        self.status: dict = {}
+        self.mounted = True
+
+    @staticmethod
     def run(cmd, timeout=180) -> str | None:
         """``cmd`` (the CLI); None, or what it said when it failed."""
+        import subprocess
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         return None if r.returncode == 0 else (r.stderr or r.stdout).strip()
 
-    def check(name, label, data, write) -> None:
-        path = os.path.join(mnt, name)
+    def check(self, name, label, data, write) -> None:
+        """Write ``data`` to ``name`` (where ``write``), read it back, keep a row."""
+        import hashlib
+        import os
+        path = os.path.join(self.mnt, name)
         wrote = "–"
         try:
             if write:
@@ -255,70 +282,80 @@ def run_mount(mib: int = 16, require_passthrough: bool = False, workdir: str | N
         except OSError as exc:
             ok, read, why = False, "–", f"{type(exc).__name__}: {exc}"
         if not ok:
-            failures.append(f"{name} ({label}): {why}")
-        rows.append([name, label, str(len(data)), wrote, read, "ok" if ok else "FAIL"])
+            self.failures.append(f"{name} ({label}): {why}")
+        self.rows.append([name, label, str(len(data)), wrote, read,
+                          "ok" if ok else "FAIL"])
 
-    problem = run(mount)
-    if problem:
-        shutil.rmtree(work, ignore_errors=True)
-        print(f"selftest --mount: the mount failed: {problem}", file=out)
-        return 2
-    mounted = True
-    try:
-        for name, versions in files:
+    def write_and_read(self) -> None:
+        """Every version of every file, then an overwrite under a held reader; the
+        mount's status and what each file stored."""
+        import json
+        import os
+        import subprocess
+
+        from s4fs.control import request
+        for name, versions in self.files:
             for v, data in enumerate(versions, 1):
-                check(name, f"{v}", data, write=True)
-        # a reader holds the file while it is overwritten: every later open must read the
-        # new bytes, never the pages of the version the reader held
-        held, versions = files[1]
+                self.check(name, f"{v}", data, write=True)
+        # a reader holds the file while it is overwritten: every later open must read
+        # the new bytes, never the pages of the version the reader held
+        held, versions = self.files[1]
         newer = os.urandom(len(versions[-1]))
         try:
-            with open(os.path.join(mnt, held), "rb") as reader:
+            with open(os.path.join(self.mnt, held), "rb") as reader:
                 reader.read()                      # its pages in the kernel's cache
-                check(held, f"{len(versions) + 1}, over a held reader", newer, write=True)
+                self.check(held, f"{len(versions) + 1}, over a held reader", newer,
+                           write=True)
         except OSError as exc:
-            failures.append(f"{held} (a held reader): {type(exc).__name__}: {exc}")
+            self.failures.append(f"{held} (a held reader): {type(exc).__name__}: {exc}")
         versions.append(newer)
-        check(held, f"{len(versions)}, the reader gone", newer, write=False)
+        self.check(held, f"{len(versions)}, the reader gone", newer, write=False)
         try:
-            status = request(mnt, "status", wait=30)
+            self.status = request(self.mnt, "status", wait=30)
         except (S4Error, OSError, RuntimeError) as exc:    # no answer: say so, go on
-            failures.append(f"the mount's status: {exc}")
-        for name, _ in files:
-            st = subprocess.run(cli + ["stat", "--json", os.path.join(mnt, name)],
+            self.failures.append(f"the mount's status: {exc}")
+        for name, _ in self.files:
+            st = subprocess.run(self.cli + ["stat", "--json", os.path.join(self.mnt, name)],
                                 capture_output=True, text=True, timeout=60)
             if st.returncode == 0:
-                stored[name] = json.loads(st.stdout)["stored"]
-        problem = run(cli + ["umount", mnt], timeout=300)
-        mounted = problem is not None
+                self.stored[name] = json.loads(st.stdout)["stored"]
+
+    def remount_and_read(self) -> None:
+        """Unmount, mount again with an empty cache, read every file's last version."""
+        problem = self.run(self.cli + ["umount", self.mnt], timeout=300)
+        self.mounted = problem is not None
         if problem is None:
-            problem = run(remount)
-            mounted = problem is None
+            problem = self.run(self.remount)
+            self.mounted = problem is None
         if problem is not None:
-            failures.append(f"unmounting and mounting again: {problem}")
-        for name, versions in files if mounted and problem is None else ():
-            check(name, f"{len(versions)}, from the store", versions[-1], write=False)
-    finally:
-        if mounted:
-            run(cli + ["umount", mnt], timeout=300)
-        shutil.rmtree(work, ignore_errors=True)
-    _print_table(["file", "version", "bytes", "write s", "read s", "bytes back"], rows, out)
-    for name, versions in files:
-        if stored.get(name) is not None:
-            print(f"{name}: {len(versions[-1])} bytes, {stored[name]} stored "
-                  f"({100 * stored[name] / max(1, len(versions[-1])):.1f} %)", file=out)
-    print(f"how the bytes went: {status.get('transport', 'FUSE requests')}", file=out)
-    for f in failures:
-        print(f"FAIL {f}", file=out)
-    if failures:
-        print("mount selftest: FAIL", file=out)
-        return 1
-    if require_passthrough and not status.get("passthrough"):
-        print("mount selftest: every byte came back, but not through FUSE passthrough "
-              "(--require-passthrough): see why above", file=out)
-        return 3
-    print("mount selftest: every byte came back exactly: PASS", file=out)
-    return 0
+            self.failures.append(f"unmounting and mounting again: {problem}")
+            return
+        for name, versions in self.files:
+            self.check(name, f"{len(versions)}, from the store", versions[-1],
+                       write=False)
+
+    def report(self, out, require_passthrough: bool) -> int:
+        """Print the table and the verdict; the exit status of :func:`run_mount`."""
+        _print_table(["file", "version", "bytes", "write s", "read s", "bytes back"],
+                     self.rows, out)
+        for name, versions in self.files:
+            if self.stored.get(name) is not None:
+                n, stored = len(versions[-1]), self.stored[name]
+                print(f"{name}: {n} bytes, {stored} stored "
+                      f"({100 * stored / max(1, n):.1f} %)", file=out)
+        print(f"how the bytes went: {self.status.get('transport', 'FUSE requests')}",
+              file=out)
+        for f in self.failures:
+            print(f"FAIL {f}", file=out)
+        if self.failures:
+            print("mount selftest: FAIL", file=out)
+            return 1
+        if require_passthrough and not self.status.get("passthrough"):
+            print("mount selftest: every byte came back, but not through FUSE "
+                  "passthrough (--require-passthrough): see why above", file=out)
+            return 3
+        print("mount selftest: every byte came back exactly: PASS", file=out)
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,9 +175,8 @@ def release_memory(pinned: bool = False, device: int | None = None) -> None:
     unused. Safe to call when CuPy is not installed.
 
     ``s4fs.save``, ``async_save`` and the GPU load give device memory back after every
-    call but keep the pinned blocks: pinning is slow (about 0.5 ms per MiB on the H200
-    box), and freeing them after every save made the next save pin its batch again
-    (s4fs.save of 1.77 GiB of CUDA state: 3.05 s instead of 1.43 s). What stays pinned
+    call but keep the pinned blocks: pinning is slow, and freeing them after every save
+    made the next save pin its batch again, about twice its time. What stays pinned
     is bounded: requests come in size classes (``_backend.pinned_size``) and batches
     are at most 1 GiB of input, so a process keeps a few blocks, not more with every
     save. CuPy keeps a pool per device: this frees ``device``'s (else the calling

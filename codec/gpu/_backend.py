@@ -76,8 +76,8 @@ class CudaBackend:
 
     def release(self) -> None:
         """Free nvCOMP's codecs and configurations while their stream still exists (left
-        to the garbage collector, the stream could go first: a segfault on the H200
-        when a backend was dropped, and at interpreter exit)."""
+        to the garbage collector, the stream could go first: nvCOMP then crashes the
+        process when a backend is dropped, and at interpreter exit)."""
         stream = getattr(self, "stream", None)
         if stream is not None:
             try:
@@ -470,8 +470,7 @@ def pinned_size(nbytes: int) -> int:
 
     CuPy's pinned pool gives a freed block back only to a request of exactly its size.
     Every batch asks for a different size (its blobs, its staged inputs), so without
-    classes each batch pinned new memory (about 0.5 ms per MiB on the H200 box) and
-    the pool kept every freed block: a mount's GPU worker, or a training process calling
+    classes each batch pinned new memory (slow) and the pool kept every freed block: a mount's GPU worker, or a training process calling
     ``s4fs.save``, pinned more host memory with every save. Classes: 4 KiB steps up to
     64 KiB, then four per doubling (at most 25 % more than asked)."""
     n = max(int(nbytes), 1)

@@ -164,6 +164,8 @@ class _Decode:
         ln = np.fromiter((len(x) for x in pieces), np.int64, len(pieces))
         return b"".join(pieces), np.cumsum(ln) - ln
 
+    # long on purpose: the steps of unpack_many on device prefixes, then the payload
+    # tables, in one pass over columns; each step narrows the blobs the next reads
     def _headers_batch(self) -> bool:
         """The headers of all blobs with array operations; False: go blob by blob."""
         n = len(self.blobs)
@@ -256,6 +258,8 @@ class _Decode:
         self.zero = (zq, zlog, maps)
         return True
 
+    # long on purpose: the blob-by-blob twin of _headers_batch (the fallback), kept
+    # step for step beside it so the two read the same fields in the same order
     def _headers_each(self) -> None:
         """Blob by blob: every header (``codec._container`` parses it) and payload table,
         checked; planes of CPU codecs and layouts without a kernel decoded on the host."""

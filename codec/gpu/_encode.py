@@ -562,6 +562,8 @@ def _cpu_blob(data, dt: DType, base) -> bytes:
 RAW, CONST, CODED = 0, 1, 2      # a plane's final coding
 
 
+# long on purpose: one pass over columns that decides every plane's coding and
+# writes the headers in the format's order; split, each part would need every column
 def _decide(pl: Plan, delta, batches, h_hash, h_flags, h_first, version, zero=None):
     """Pick each plane's coding and write every header into one metadata buffer:
     container headers (``codec._container``), then constant bytes, then nvCOMP payload

@@ -2,9 +2,8 @@
 
 The Python API (``nvidia.nvcomp.Codec``) builds a Python object per chunk, a
 configuration per batch, and allocates and frees pinned host memory (cudaHostAlloc /
-cudaFreeHost) on every call: measured on the H200, 2-4 ms of host time per batch of
-4096 chunks, where the ANS kernels take under 1 ms; cudaFreeHost also waits for the
-device. The C API takes device arrays of chunk pointers and sizes, a scratch buffer we
+cudaFreeHost) on every call: more host time per batch of thousands of chunks than the
+ANS kernels take on the device, and cudaFreeHost also waits for the device. The C API takes device arrays of chunk pointers and sizes, a scratch buffer we
 allocate from CuPy's pool, and writes sizes and statuses to device memory: one upload
 of the pointer table, one launch, no allocation.
 

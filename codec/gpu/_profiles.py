@@ -22,10 +22,9 @@ class GpuProfile:
     nvCOMP's chunk size in bytes, ``zero_chunk`` the one for planes in which at least
     ``zero_chunk_share`` of the sampled bytes are zero: ANS pays a fixed cost per chunk, so
     larger chunks store dense planes smaller, but a chunk mixing a zero stretch with
-    dense bytes codes both with one table (measured on the H200, 384 KiB against 256 KiB:
-    bf16 weights 66.86 vs 66.94 %, fp32 83.42 vs 83.47 %, AdamW exp_avg_sq 50.80 vs
-    50.19 %; modelled with bench/gpu_gap_model.py's coder model, 256 KiB for planes with
-    ≥ 5 % zero bytes keeps AdamW where 256 KiB everywhere has it). The payload records
+    dense bytes codes both with one table (so the larger chunk helps dense weights a
+    little and costs AdamW's sparse state more; bench/gpu_gap_model.py's coder model
+    picks the smaller chunk for planes with a few per cent of zero bytes). The payload records
     each plane's chunk size. Planes that do not shrink are stored raw and constant
     planes as one byte, whatever the profile.
 
@@ -33,7 +32,8 @@ class GpuProfile:
     per byte are stored raw without trying the codec (ANS cannot beat the entropy).
     ``ans_states``: nvCOMP ANS interleaved states per lane; only 0 (nvCOMP's choice) is
     accepted: the ANS payload does not record the setting, and nvCOMP decodes other
-    settings wrong without it (measured on the H200: checksum mismatches on fp32).
+    settings wrong without it (checksum mismatches on fp32, which the container's
+    checksums caught).
     ``zero_runs``: ``"gdeflate"`` codes planes in which at least ``zero_share`` of the
     sampled bytes are zero with nvCOMP GDeflate's LZ mode (algorithm 1) instead of the
     plane's codec: runs of zeros (optimizer state of rows that saw no gradient, deltas)
@@ -47,8 +47,8 @@ class GpuProfile:
     chunks over 4 MiB) are at least ``zero_block_share`` of the blocks are coded from
     their other blocks only, with a keep map in the container header: optimizer state of
     rows that saw no gradient, padding, pruned weights. ANS codes a zero stretch at a
-    cost per byte where the CPU path's coders pay almost nothing (measured on the H200,
-    AdamW ``exp_avg_sq`` of real MiniLM weights: 48.47 % stored without, CPU 46.79 %).
+    cost per byte where the CPU path's coders pay almost nothing (without it AdamW's
+    ``exp_avg_sq`` stores larger on the GPU than on the CPU path).
 
     ``layout``: ``"float"`` writes the ``FLOAT`` plane layout (packed signs, exponent
     planes, mantissa planes); ``"sm"`` writes ``FLOAT_SM`` where the dtype allows it

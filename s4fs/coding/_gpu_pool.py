@@ -18,8 +18,8 @@ instead. There:
 A few threads in the worker overlap one batch's reads and writes with another's coding;
 only the GPU thread touches the device. Before, this ran on threads of the daemon, where
 every staging copy, ``pread`` and ``pwrite`` competed for the daemon's interpreter with
-the FUSE requests of the save or load it served: the cuda mount saved and cold-loaded
-slower than the CPU workers on the H200 box.
+the FUSE requests of the save or load it served, and the cuda mount saved and
+cold-loaded slower than the CPU workers.
 
 Contract: :class:`~s4fs.coding.CodingPool`'s (the same as the CPU workers'):
 :meth:`GpuPool.submit` (a :class:`~s4fs.coding.Job`, its Future holds a

@@ -166,6 +166,8 @@ class TorchZipMachine(Machine):
 
     # -- a record --------------------------------------------------------------------
 
+    # long on purpose: one state of the streaming zip parser, a local record's fields
+    # read and checked in their order
     def _st_local(self) -> bool:
         win = self.win
         fixed = win.peek(LOCAL_FIXED.size)
