@@ -245,32 +245,57 @@ class _DeviceSave:
         self.base_info = None                   # the delta base's path and id, once chosen
 
     def manifest(self):
-        import torch
+        """Code the file on the device and return its manifest, in steps: the CRC-32s
+        torch's zip needs, the file as pieces for its hash, the streams, the coding."""
         from s4fs.codec import gpu
-        from s4fs.write import PackWriter
-        from s4fs.manifest import ManifestBuilder, Stream
-        from s4fs.parse import itemsize, scan_pickle
+        from s4fs.parse import scan_pickle
         gpu.require()
         lay, st = self.job.lay, self.job.stages
+        host = self._on_one_device()
+        self._finish_layout(host)
+        st.mark("CRC-32 (device)")
+        pkl = next(r for r in lay.records if r.name == "data.pkl")
+        scan = scan_pickle(lay.read(pkl.data, pkl.size))
+        version, jobs = self._streams(scan)
+        packs = self._pack_writer()
+        bases = self._bases()
+        st.mark("plan (pickle scan, streams, delta base)")
+        digest = self._code(version.raw, jobs, host, packs, bases)
+        names = {f"data/{k}": v for k, v in scan.names.items()}
+        return version.build(size=lay.size, xxh128=digest, kind="torch-zip", names=names,
+                             own_packs=packs.keys, base=self.base_info)
+
+    def _on_one_device(self) -> dict:
+        """Check the storages lie on one CUDA device (kept in ``device``), wait for
+        their last writes there; the host storages' bytes by storage index."""
+        import torch
+        lay = self.job.lay
         devs = {s.device for s in lay.storages if s.device.type == "cuda"}
         if len(devs) != 1:
             raise Unsupported("storages on more than one CUDA device")
         dev = devs.pop()
         self.device = dev.index if dev.index is not None else torch.cuda.current_device()
-        host = {i: storage_bytes(s) for i, s in enumerate(lay.storages) if s.device.type == "cpu"}
-        on_dev = [i for i in range(len(lay.storages)) if i not in host]
+        host = {i: storage_bytes(s) for i, s in enumerate(lay.storages)
+                if s.device.type == "cpu"}
         torch.cuda.current_stream(dev).synchronize()   # the tensors are final on the device
+        return host
 
-        # 1. CRC-32 of every storage (device ones on the device)
+    def _finish_layout(self, host: dict) -> None:
+        """The CRC-32 of every storage (device ones on the device) into the zip's
+        records."""
+        from s4fs.codec import gpu
+        lay = self.job.lay
+        on_dev = [i for i in range(len(lay.storages)) if i not in host]
         crcs = dict(zip(on_dev, gpu.crc32_many([lay.storages[i].data_ptr() for i in on_dev],
                                                [lay.storages[i].nbytes() for i in on_dev],
                                                device=self.device)))
         crcs.update((i, zlib.crc32(mv)) for i, mv in host.items())
         finish_layout(lay, [crcs[i] for i in range(len(lay.storages))])
-        st.mark("CRC-32 (device)")
 
-        # 2. the file as pieces, for its XXH3-128 on the device (hashed below)
-        pieces = []                       # (offset, length, host bytes | device pointer)
+    def _pieces(self, host: dict) -> list:
+        """The file as ``(offset, length, host bytes | device pointer)`` pieces, for its
+        XXH3-128 on the device."""
+        lay, pieces = self.job.lay, []
         for off, (kind, what) in lay.pieces():
             if kind == "host":
                 pieces.append((off, len(what), what))
@@ -278,12 +303,15 @@ class _DeviceSave:
                 n = lay.storage_records[what].size
                 pieces.append((off, n, host[what] if what in host
                                else int(lay.storages[what].data_ptr())))
+        return pieces
 
-        # 3. streams: raw (every host byte) + one per storage record, as the parser makes
-        pkl = next(r for r in lay.records if r.name == "data.pkl")
-        scan = scan_pickle(lay.read(pkl.data, pkl.size))
+    def _streams(self, scan):
+        """The version's streams as the parser makes them: raw (every host byte) and
+        one per storage record; ``(builder, [(stream, storage index)])``."""
+        from s4fs.manifest import ManifestBuilder, Stream
+        from s4fs.parse import itemsize
+        lay = self.job.lay
         version = ManifestBuilder()
-        raw = version.raw
         raw_len, jobs = 0, []
         for off, (kind, what) in lay.pieces():
             if kind == "host":
@@ -293,33 +321,43 @@ class _DeviceSave:
             size = lay.storage_records[what].size
             info = scan.storages.get(str(what))
             dtype = info.dtype if info is not None else "bytes"
-            s = Stream("tensor", dtype if size % itemsize(dtype) == 0 else "bytes", f"data/{what}")
+            s = Stream("tensor", dtype if size % itemsize(dtype) == 0 else "bytes",
+                       f"data/{what}")
             version.place(off, size, version.add(s), 0)
             jobs.append((s, what))
+        return version, jobs
+
+    def _pack_writer(self):
+        from s4fs.write import PackWriter
         cache = self.fs.pack_cache
         # without a pack cache a pack in flight is a list of views of the batch's pinned
         # buffer (no copy of its own), so more of them at once cost no memory, and a local
         # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
-        packs = PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
-                           uploads=None if cache is not None else
-                           max(self.cfg.max_uploads, self.job.config.uploads),
-                           pools=self.fs.pools)
-        bases = self._bases()
-        st.mark("plan (pickle scan, streams, delta base)")
+        return PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
+                          uploads=None if cache is not None else
+                          max(self.cfg.max_uploads, self.job.config.uploads),
+                          pools=self.fs.pools)
+
+    def _code(self, raw, jobs, host: dict, packs, bases) -> bytes:
+        """Code every stream (device storages on the device, then the host's), write
+        the packs; the file's XXH3-128."""
+        from s4fs.codec import gpu
+        lay, st = self.job.lay, self.job.stages
         hashing = None
         try:
             self._code_device(jobs, host, packs, bases)
             # the file's hash, on a thread (and stream) of its own, starts once the GPU
             # batches are coded and runs beside the CPU storages and the last pack
-            # writes. Started beside the coding, it held the first batch up by about its
-            # own length (0.14 s instead of 0.02 for 1.77 GiB on the H200). The save
-            # does not end (nor free a snapshot) before it is done.
+            # writes: started beside the coding, it held the first batch up by about its
+            # own length. The save does not end (nor free a snapshot) before it is done.
             hashing = self.fs.runtime.thread("s4fs-save-hash").submit(
-                gpu.xxh3_128_pieces, pieces, lay.size, device=self.device)
+                gpu.xxh3_128_pieces, self._pieces(host), lay.size, device=self.device)
             for s, i in jobs:
                 if i in host:
-                    self._code_host(s, host[i], packs, bases.get((s.name, s.dtype, len(host[i]))))
-            self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)), packs)
+                    self._code_host(s, host[i], packs,
+                                    bases.get((s.name, s.dtype, len(host[i]))))
+            self._code_host(raw, memoryview(b"".join(bytes(buf) for _, buf in lay.host)),
+                            packs)
             st.mark("CPU storages (CPU codec)")
             packs.finish()
             st.mark("store (pack uploads)")
@@ -332,9 +370,7 @@ class _DeviceSave:
             raise
         finally:
             _gpu_release(self.device)
-        names = {f"data/{k}": v for k, v in scan.names.items()}
-        return version.build(size=lay.size, xxh128=digest, kind="torch-zip", names=names,
-                             own_packs=packs.keys, base=self.base_info)
+        return digest
 
     def _bases(self) -> dict:
         """The delta base's tensor streams by (name, dtype, length), its record kept in
@@ -363,9 +399,9 @@ class _DeviceSave:
         its full coding is kept. The base chunks come from the store, decoded on the
         device (``s4fs.read.reader.decode_on_gpu``) before their batch is coded, while the
         packs of the batches before it are being written. (Decoded one batch ahead on a
-        thread of their own, beside the coding, they made the save slower on the H200:
-        1.59 s instead of 1.13 for a 1.77 GiB GPT + AdamW, the coding and the pack
-        writes contending with the decoding; docs/BENCHMARKS.md.)"""
+        thread of their own, beside the coding, they made the save slower: the coding
+        and the pack writes contended with the decoding; docs/BENCHMARKS.md,
+        "Measurements behind the code's choices".)"""
         import torch
         # the codec, and the base decoding, work on the calling thread's current device:
         # the storages' (an async save's thread, a rank's other GPU)
