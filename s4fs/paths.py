@@ -10,48 +10,34 @@ save and load (``s4fs.torch``) both find their files here.
 
 from __future__ import annotations
 
-import atexit
 import io
 import os
-import threading
 from urllib.parse import unquote, urlparse
 
 from s4fs import keys
 from s4fs.errors import InvalidArgument, PermissionDenied
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.mtab import s4fs_mount_of
+from s4fs.runtime import current as current_runtime
 from s4fs.stores import LocalStore, open_store
 
-_lock = threading.Lock()
-_open: dict[str, Filesystem] = {}
-
-
 def filesystem(store_url: str, cfg: FsConfig | None = None) -> Filesystem:
-    """A (cached) Filesystem for a store URL. The API reads files straight into the
-    caller's memory, so it keeps no decoded-file cache on disk (a mount does)."""
-    with _lock:
-        fs = _open.get(store_url)
-        if fs is not None and "://" not in store_url and not LocalStore(store_url).exists(
-                keys.ROOT_MARKER):
-            fs.close()                     # the folder was deleted (and maybe made again)
-            fs = None
-        if fs is None:
-            fs = _open[store_url] = Filesystem(
-                open_store(store_url), cfg or FsConfig(decoded_cache_bytes=0))
-        return fs
+    """The Filesystem of a store URL, kept open by the API's runtime
+    (``s4fs.runtime.current()``, closed at interpreter exit). The API reads files
+    straight into the caller's memory, so it keeps no decoded-file cache on disk (a
+    mount does)."""
+    def make() -> Filesystem:
+        return Filesystem(open_store(store_url), cfg or FsConfig(decoded_cache_bytes=0))
+
+    def deleted(fs) -> bool:               # the folder was deleted (and maybe made again)
+        return "://" not in store_url and not LocalStore(store_url).exists(keys.ROOT_MARKER)
+
+    return current_runtime().opened("filesystem:" + store_url, make, deleted)
 
 
-@atexit.register
 def close_all() -> None:
     """Close every Filesystem the API opened (their temporary cache dirs go too)."""
-    with _lock:
-        opened = list(_open.values())
-        _open.clear()
-    for fs in opened:
-        try:
-            fs.close()
-        except Exception:                              # noqa: BLE001 - exiting anyway
-            pass
+    current_runtime().close_opened()
 
 
 def resolve(path, *, create: bool = False) -> tuple[Filesystem, str]:

@@ -14,6 +14,7 @@ the runtime it is given (its caller's to close) or :func:`current`.
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +49,33 @@ class Runtime:
         # "save" / "load": the seconds per stage of the last device save and load of the
         # filesystems on this runtime (s4fs.torch; benchmarks print them)
         self.stages: dict[str, dict[str, float]] = {}
+        # what the Python API opened on this runtime, by key (s4fs.paths: a Filesystem
+        # per store URL); closed before the threads and processes they use
+        self._opened: dict[str, object] = {}
+        self._opened_lock = threading.Lock()     # not _lock: making one asks thread()
+
+    def opened(self, key: str, make, stale=None):
+        """The object kept under ``key`` (anything with ``close()``), made by ``make()``
+        on first use, or again where ``stale(it)`` says it no longer fits (it is closed
+        first). :meth:`close_opened` and :meth:`close` close them."""
+        with self._opened_lock:
+            it = self._opened.get(key)
+            if it is not None and stale is not None and stale(it):
+                it.close()
+                it = None
+            if it is None:
+                it = self._opened[key] = make()
+            return it
+
+    def close_opened(self) -> None:
+        """Close everything :meth:`opened` made (a failure to close one is logged)."""
+        with self._opened_lock:
+            opened, self._opened = list(self._opened.values()), {}
+        for it in opened:
+            try:
+                it.close()
+            except Exception:                    # noqa: BLE001 - the others still close
+                logging.getLogger("s4fs").warning("closing %r", it, exc_info=True)
 
     def thread(self, name: str, workers: int = 1) -> ThreadPoolExecutor:
         """The executor called ``name``, of ``workers`` threads (the count of its first
@@ -63,8 +91,9 @@ class Runtime:
             return ex
 
     def close(self) -> None:
-        """Wait for what was submitted, then stop the threads, the worker processes and
-        the codec's GPU thread."""
+        """Close what the API opened on it, wait for what was submitted, then stop the
+        threads, the worker processes and the codec's GPU thread."""
+        self.close_opened()
         with self._lock:
             threads, self._threads = list(self._threads.values()), {}
         for ex in threads:
