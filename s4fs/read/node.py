@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class FileNode:
     """The identity of one file on this mount. Fields are guarded by the filesystem's
-    lock (``Filesystem._lock``)."""
+    open-files lock (``OpenFiles.lock``, :mod:`s4fs.openfiles`)."""
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -1,7 +1,11 @@
 """The write path: one file open for writing, from its spool to its commit.
 
 * ``handle``: :class:`WriteHandle` (one file open for writing, its states, when it
-  commits) and :class:`WriterPort` (what it needs of the filesystem);
+  commits) and :class:`WriterPort` (what it needs of the filesystem); the parts it
+  owns: ``state`` (its :class:`State`), ``streaming`` (the ingest thread that follows
+  the spool as it grows, and the commit's check of what it read), ``commit`` (the
+  commit, writeback acceptance and retries), ``behind`` (what a spool the kernel writes
+  through FUSE passthrough tells the handle);
 * ``spool``: :class:`Spool`, the local file that takes the writes in any order;
 * ``room``: room on the cache disk for a spool the kernel writes (FUSE passthrough):
   :class:`RoomKeeper` and :func:`disk_full`;

@@ -92,27 +92,13 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
     with as deltas on ``new``, then the older versions chained to it (module docstring).
     Never raises for a version that cannot be done (it is left as it is: ``why``);
     store errors do raise (the caller logs them; nothing was changed but new packs)."""
-    info = new.base or {}
-    old_path, old_id = info.get("path"), info.get("id")
-    out = Outcome(old_path or "")
-    if not old_path or old_path == new_path:
-        out.why = "no previous version in another file"
+    out = Outcome((new.base or {}).get("path") or "")
+    found = _previous(fs.store, new_path, new, out)
+    if found is None:
         return out
-    key = keys.file_key(old_path)
-    try:
-        old_bytes = fs.store.get(key)
-    except NotFound:
-        out.why = "the previous version is gone"
-        return out
-    old = Manifest.from_bytes(old_bytes, where=f"manifest of {old_path!r}")
-    if old.id != old_id:
-        out.why = "the previous version was replaced meanwhile"
-        return out
-    if NEWER in (old.base or {}):
-        out.why = "already stored against a newer version"
-        return out
+    old_bytes, old = found
     mine = _whole_blobs(old)
-    older = _chained(fs.store, old_path, old, set(mine))
+    older = _chained(fs.store, out.path, old, set(mine))
     deepest = max((_depth_through(m, set(mine)) for _, _, m in older), default=1)
     if deepest > cfg.max_delta_depth:
         out.why = (f"an older version would be read through {deepest} deltas "
@@ -120,39 +106,91 @@ def reexpress(fs: RewritePort, cfg: "IngestConfig", new_path: str, new: Manifest
         return out
     # the newest version, when it shares blobs of the previous one's packs
     newest = _current(fs.store, new_path, new)
+    others = [m for _, _, m in older] + ([newest[1]] if newest else [])
+    mapping = _upload_deltas(fs, cfg, old, new, mine, others, out)
+    if mapping is None or not _replace_previous(fs, new_path, new, old_bytes, old,
+                                                 mapping, out):
+        return out
+    later = [(new_path, *newest)] if newest and _uses(newest[1], mapping) else []
+    _repoint(fs, later + older, mapping, out)
+    return out
+
+
+def _previous(store: "Store", new_path: str, new: Manifest, out: Outcome):
+    """(manifest bytes, manifest) of the version ``new`` was compared with, while it is
+    still the one recorded and not yet stored against a newer version; else None, with
+    ``out.why`` saying why."""
+    info = new.base or {}
+    old_path, old_id = info.get("path"), info.get("id")
+    if not old_path or old_path == new_path:
+        out.why = "no previous version in another file"
+        return None
+    try:
+        old_bytes = store.get(keys.file_key(old_path))
+    except NotFound:
+        out.why = "the previous version is gone"
+        return None
+    old = Manifest.from_bytes(old_bytes, where=f"manifest of {old_path!r}")
+    if old.id != old_id:
+        out.why = "the previous version was replaced meanwhile"
+        return None
+    if NEWER in (old.base or {}):
+        out.why = "already stored against a newer version"
+        return None
+    return old_bytes, old
+
+
+def _upload_deltas(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
+                   mine: dict, others: list, out: Outcome) -> "_Mapping | None":
+    """Step 1: the deltas (and the blobs moved out of compacted packs) coded by
+    ``_by_pack`` and uploaded, durable; what replaces what, with the packs written.
+    None (``out.why`` says why) when no pack pays; nothing is left uploaded on an
+    error."""
     packs = PackWriter(fs.store, cfg, uploads=1, pools=fs.pools)
     try:
-        mapping = _by_pack(fs, cfg, old, new, mine,
-                           [m for _, _, m in older] + ([newest[1]] if newest else []),
-                           packs, out)
+        mapping = _by_pack(fs, cfg, old, new, mine, others, packs, out)
         if not mapping.refs:
             packs.abandon()
             out.why = "no pack of it is smaller with its chunks as deltas"
-            return out
+            return None
         packs.finish()
     except BaseException:
         packs.abandon()
         raise
     mapping.packs = list(packs.keys)
+    return mapping
+
+
+def _replace_previous(fs: RewritePort, new_path: str, new: Manifest, old_bytes: bytes,
+                      old: Manifest, mapping: "_Mapping", out: Outcome) -> bool:
+    """Step 2: the previous version's manifest rewritten onto ``mapping``, stored against
+    ``new`` — only while the store still holds ``old_bytes`` (False, ``out`` cleared
+    and saying why, when it changed meanwhile)."""
     fresh = _rewrite(old, mapping)
     fresh.base = {**(old.base or {}), NEWER: {"path": new_path, "id": new.id}}
     used = {c.pack for s in fresh.streams for c in s.chunks}
     fresh.own_packs = [p for p in old.own_packs if p in used] + \
         [p for p in mapping.packs if p in used]
-    if not fs.store.replace(key, fresh.to_bytes(), old_bytes):
+    if not fs.store.replace(keys.file_key(out.path), fresh.to_bytes(), old_bytes):
         out.why = "the previous version changed meanwhile"
         out.deltas = out.shared = out.moved = 0
-        return out
-    fs.rewritten(old_path, fresh)
-    later = [(new_path, *newest)] if newest and _uses(newest[1], mapping) else []
-    for path, data, m in later + older:
+        return False
+    fs.rewritten(out.path, fresh)
+    return True
+
+
+def _repoint(fs: RewritePort, versions: list, mapping: "_Mapping", out: Outcome) -> None:
+    """Step 3: the other versions that use replaced blobs — ``(path, manifest bytes,
+    manifest)``, the newest first — rewritten onto ``mapping``, each only while
+    unchanged; the first that changed stops it (it, and those before it, keep their
+    blobs)."""
+    for path, data, m in versions:
         again = _rewrite(m, mapping)
         again.base = m.base
         if not fs.store.replace(keys.file_key(path), again.to_bytes(), data):
-            break                   # it changed: it (and those before it) keep their blobs
+            break
         fs.rewritten(path, again)
         out.repointed.append(path)
-    return out
 
 
 def _current(store: "Store", path: str, m: Manifest):
@@ -266,8 +304,37 @@ def _by_pack(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
     stay whole, ``others``: the newest version's shared chunks, the older versions'
     chains) go to ``packs``, and the bytes saved must be at least COMPACT_RATIO of the
     bytes moved. One pack's deltas are held at a time."""
+    pairs = _pairs(old, new, mine)
+    mapping = _Mapping()
+    if not pairs:
+        return mapping
+    blobs = _in_use_by_pack(old, others)
+    files = _copy(fs, old), _copy(fs, new)
+    try:
+        for pack in old.own_packs:
+            inside = blobs.get(pack, {})
+            coded = _code_pack(fs, cfg, inside, pairs, files)
+            saved = sum(inside[k].stored - len(blob) for k, blob in coded.items())
+            keep = sorted((r for k, r in inside.items() if k not in coded),
+                          key=lambda r: r.offset)
+            if saved <= 0 or saved < COMPACT_RATIO * sum(r.stored for r in keep):
+                continue                   # left as it was
+            _place_deltas(coded, inside, pairs, packs, mapping, out)
+            _move_kept(fs.store, pack, keep, packs, mapping, out)
+    finally:
+        for f in files:
+            if f[0] is not None:
+                os.close(f[0])
+    return mapping
+
+
+def _pairs(old: Manifest, new: Manifest, mine: dict) -> dict:
+    """The whole blobs of ``old`` (keys of ``mine``) that a delta on ``new`` may replace:
+    old blob key -> (its stream, chunk index, ``new``'s stream, ``new``'s chunk) for
+    each chunk of a tensor record ``new`` also has (same name, dtype and length, as many
+    chunks), where ``new``'s chunk is whole, of the same raw size and another blob."""
     theirs = base_streams(new)
-    pairs: dict = {}                       # old blob key -> (stream, i, their stream, b)
+    pairs: dict = {}
     for s in old.streams:
         t = theirs.get((s.name, s.dtype, s.length)) if s.kind == "tensor" else None
         if t is None or len(t.chunks) != len(s.chunks):
@@ -275,11 +342,14 @@ def _by_pack(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
         for i, (a, b) in enumerate(zip(s.chunks, t.chunks)):
             if a.key() in mine and a.key() != b.key() and b.base is None and a.raw == b.raw:
                 pairs[a.key()] = (s, i, t, b)
-    mapping = _Mapping()
-    if not pairs:
-        return mapping
+    return pairs
+
+
+def _in_use_by_pack(old: Manifest, others: list) -> dict:
+    """Every blob of ``old``'s own packs that ``old`` or ``others`` use (as a chunk or a
+    link of a chain): pack key -> {blob key: ChunkRef}."""
     own = set(old.own_packs)
-    blobs: dict = {}                       # every blob of old's packs in use, by pack
+    blobs: dict = {}
     for m in [old, *others]:
         for s in m.streams:
             for c in s.chunks:
@@ -288,47 +358,55 @@ def _by_pack(fs: RewritePort, cfg: "IngestConfig", old: Manifest, new: Manifest,
                     if r.pack in own:
                         blobs.setdefault(r.pack, {})[r.key()] = r
                     r = r.base
-    old_file, new_file = _copy(fs, old), _copy(fs, new)
-    try:
-        for pack in old.own_packs:
-            inside = blobs.get(pack, {})
-            coded = {}
-            for k, ref in inside.items():
-                if k in pairs:
-                    s, i, t, b = pairs[k]
-                    got = _one(fs, cfg, s.dtype, (old_file, s, i, ref), (new_file, t, i, b))
-                    if got is not None:
-                        coded[k] = got
-            saved = sum(inside[k].stored - len(blob) for k, blob in coded.items())
-            keep = sorted((r for k, r in inside.items() if k not in coded),
-                          key=lambda r: r.offset)
-            moving = sum(r.stored for r in keep)
-            if saved <= 0 or saved < COMPACT_RATIO * moving:
-                continue                   # left as it was
-            for k, blob in coded.items():
-                a, b = inside[k], pairs[k][3]
-                if blob == b"":
-                    mapping.refs[k] = b
-                    out.shared += 1
-                    continue
-                p, off = packs.add(blob)
-                mapping.refs[k] = ChunkRef(p, off, len(blob), a.raw, a.checksum, 1, b)
-                out.deltas += 1
-                out.uploaded += len(blob)
-                out.freed += a.stored
-            if keep:                       # one ranged read over the blobs kept
-                lo, hi = keep[0].offset, keep[-1].offset + keep[-1].stored
-                data = fs.store.get(pack, lo, hi)
-                for r in keep:
-                    p, off = packs.add(data[r.offset - lo: r.offset - lo + r.stored])
-                    # the same blob elsewhere: same bytes, same checksum, same base
-                    mapping.refs[r.key()] = dataclasses.replace(r, pack=p, offset=off)
-                    out.moved += r.stored
-    finally:
-        for f in (old_file, new_file):
-            if f[0] is not None:
-                os.close(f[0])
-    return mapping
+    return blobs
+
+
+def _code_pack(fs: RewritePort, cfg: "IngestConfig", inside: dict, pairs: dict,
+               files: tuple) -> dict:
+    """The delta blobs of one pack's paired blobs (``inside``: its blobs in use), by
+    key: ``b""`` where the two chunks are the same bytes; left out where the delta does
+    not pay. ``files``: the decoded copies of the old and the new version (``_copy``)."""
+    old_file, new_file = files
+    coded = {}
+    for k, ref in inside.items():
+        if k in pairs:
+            s, i, t, b = pairs[k]
+            got = _one(fs, cfg, s.dtype, (old_file, s, i, ref), (new_file, t, i, b))
+            if got is not None:
+                coded[k] = got
+    return coded
+
+
+def _place_deltas(coded: dict, inside: dict, pairs: dict, packs: PackWriter,
+                  mapping: _Mapping, out: Outcome) -> None:
+    """A compacted pack's deltas into ``packs``, each replacing its whole blob in
+    ``mapping``; a chunk equal to its counterpart becomes the counterpart's own blob."""
+    for k, blob in coded.items():
+        a, b = inside[k], pairs[k][3]
+        if blob == b"":
+            mapping.refs[k] = b
+            out.shared += 1
+            continue
+        p, off = packs.add(blob)
+        mapping.refs[k] = ChunkRef(p, off, len(blob), a.raw, a.checksum, 1, b)
+        out.deltas += 1
+        out.uploaded += len(blob)
+        out.freed += a.stored
+
+
+def _move_kept(store: "Store", pack: str, keep: list, packs: PackWriter,
+               mapping: _Mapping, out: Outcome) -> None:
+    """The blobs of a compacted pack still in use (``keep``, by offset) copied into
+    ``packs`` with one ranged read, so that the old pack is left to the collector."""
+    if not keep:
+        return
+    lo, hi = keep[0].offset, keep[-1].offset + keep[-1].stored
+    data = store.get(pack, lo, hi)
+    for r in keep:
+        p, off = packs.add(data[r.offset - lo: r.offset - lo + r.stored])
+        # the same blob elsewhere: same bytes, same checksum, same base
+        mapping.refs[r.key()] = dataclasses.replace(r, pack=p, offset=off)
+        out.moved += r.stored
 
 
 def _copy(fs: RewritePort, m: Manifest):

@@ -35,7 +35,7 @@ from s4fs.write.ingest import IngestSession
 
 if TYPE_CHECKING:
     from s4fs.coding import IngestConfig, Pools
-    from s4fs.fs import FsConfig
+    from s4fs.fsconfig import FsConfig
     from s4fs.read import ChunkSource, DecodedCache, PackCache
     from s4fs.stores import Store
 

@@ -9,8 +9,9 @@ import os
 
 import pytest
 
+from s4fs.cachedir import memory_filesystem
 from s4fs.errors import InvalidArgument
-from s4fs.fs import Filesystem, FsConfig, memory_filesystem
+from s4fs.fs import Filesystem, FsConfig
 from s4fs.stores import LocalStore
 
 from disk_helpers import small_tmpfs, stored_file

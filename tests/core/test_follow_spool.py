@@ -86,9 +86,9 @@ def save_patched_after_coding(fs, name: str, first: bytes, at: int, n: int) -> b
 def coded_up_to(h, n: int, timeout: float = 30.0) -> None:
     """Wait until the handle's ingest thread has taken the first ``n`` bytes."""
     deadline = time.monotonic() + timeout
-    while h._ingested < n:
+    while h.stream.ingested < n:
         assert time.monotonic() < deadline, \
-            f"the ingest thread took {h._ingested} of {n} bytes written behind it"
+            f"the ingest thread took {h.stream.ingested} of {n} bytes written behind it"
         time.sleep(0.01)
 
 
@@ -219,7 +219,7 @@ def test_writeback_codes_while_written_or_only_after_close(tmp_path, while_writt
             time.sleep(0.5)                   # several looks of a following thread
             with h._cond:
                 h.behind()
-            assert h._ingested == 0 and h._thread is None
+            assert h.stream.ingested == 0 and not h.stream.running
         kernel.close()                        # accepted; the commit runs behind it
         assert fs.sync(timeout=60) == []
     finally:

@@ -38,7 +38,7 @@ def small_disk(tmp_path, monkeypatch):
     """A tmpfs of DISK bytes, standing in for a small cache disk: it runs out of room
     exactly where its size says. s4fs refuses --writeback with its cache in memory, so
     here it is taken for the disk it stands in for."""
-    monkeypatch.setattr("s4fs.fs.memory_filesystem", lambda path: None)
+    monkeypatch.setattr("s4fs.cachedir.memory_filesystem", lambda path: None)
     with small_tmpfs(tmp_path / "small", DISK) as path:
         yield path
 

@@ -1,0 +1,44 @@
+"""``FsConfig``: the settings of one filesystem (:class:`s4fs.fs.Filesystem`).
+
+Its own module so that the rooms a filesystem drives (the write room's ``WriterPort`` and
+``SessionPort`` name it in their annotations) can name it without importing
+:mod:`s4fs.fs`; ``from s4fs.fs import FsConfig`` keeps working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from s4fs.coding import IngestConfig
+
+__all__ = ["FsConfig"]
+
+
+@dataclass(frozen=True)
+class FsConfig:
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    cache_dir: str | None = None       # spool files and the pack cache; a temp dir if None
+    cache_bytes: int = 256 << 20       # decoded-chunk LRU
+    metadata_ttl: float = 1.0          # how long a cached manifest/listing is trusted
+    delta: bool = True                 # store checkpoints as deltas of the previous one
+    # "backward": the newest checkpoint whole, the one before re-expressed as deltas on it
+    # in the background (s4fs.write.backward); "forward": each new checkpoint a delta on
+    # the one before, within IngestConfig.max_chain_read (docs/DELTA.md)
+    delta_direction: str = "backward"
+    pack_cache_bytes: int | None = 8 << 30  # local copies of the newest packs (remote
+                                       # stores): at most this, and never more than half
+                                       # the cache disk's room; None: auto; 0: off
+    pack_cache_dir: str | None = None  # where those live; <cache_dir>/packs if None
+    # close() returns once the spool holds every byte; commits run in the background,
+    # journalled and replayed after a crash (s4fs.write)
+    writeback: bool = False
+    # writeback under FUSE passthrough: code a file only once close() accepted it (False:
+    # nothing runs beside the save itself) or while the kernel writes it (True: the
+    # coding shares the machine with the save). After close is the default: in the
+    # training loop docs/BENCHMARKS.md records it blocks the loop less, with the same
+    # drain (the coding fits in the gap between checkpoints)
+    code_while_written: bool = False
+    # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
+    # cache disk's free space, at most 64 GiB; 0: off
+    decoded_cache_bytes: int | None = None
+    close_sync_seconds: float = 30.0   # writeback: how long unmount waits for commits
