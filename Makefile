@@ -18,7 +18,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test check deps apt bench clean passthrough
 # pyfuse3 able to ask the kernel for FUSE passthrough (mount --passthrough), built
-# beside the venv's own: libfuse 3.17.2 and pyfuse3 3.5.0 with a small patch
+# beside the venv's own: pyfuse3 3.5.0 with a small patch, against the system's libfuse
+# where it is >= 3.17.3, else against libfuse 3.18.3 built from Debian's source and
+# bundled into the wheel ($(PT)/wheel: installs on a machine of this kind with
+# pip install --no-index --no-deps)
 PT := $(VENV)/pyfuse3-passthrough
 
 apt:
@@ -45,7 +48,7 @@ $(PT)/.built: $(STAMP) mount/binding/build_pyfuse3.sh mount/binding/pyfuse3-pass
 	$(BIN)/s4fs build-passthrough --dest $(abspath $(PT)) --no-install
 	touch $@
 
-# `mount --passthrough` needs it in the venv (it links libfuse 3.17.2 from $(PT)/libfuse)
+# `mount --passthrough` needs it in the venv
 passthrough: deps $(PT)/.built
 	$(BIN)/s4fs build-passthrough --dest $(abspath $(PT))
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Build the C floors of bench/train_loop.py: libfuse 3.17's own passthrough_hp example
+# Build the C floors of bench/train_loop.py: libfuse's own passthrough_hp example
 # (C++, multi-threaded), run with and without FUSE passthrough (Linux >= 6.9: the kernel
 # sends reads and writes straight to the backing file). They measure what a FUSE
 # filesystem that is not written in Python costs an unchanged torch.save, beside the
@@ -7,22 +7,25 @@
 #
 #   bash bench/build_fuse_c_floor.sh DEST
 #
-# Fetches Debian's fuse3 3.17.2 source (checked against its SHA-256), builds it with
-# meson and ninja (from PyPI, in a throw-away venv: mount/binding/libfuse_source.sh), and leaves
-# DEST/example/passthrough_hp with DEST/lib/libfuse3.so.4 (found through the binary's
-# $ORIGIN/../lib). Needs a C and C++ compiler (Debian: build-essential). bench/gpu.sh uses
-# .offline-kit/fuse317 when it is there; pass S4FS_PASSTHROUGH_HP to train_loop.py
-# otherwise.
+# Fetches Debian's fuse3 source (the version the binding builds, 3.18.3: checked against
+# its SHA-256, S4FS_LIBFUSE_TARBALL=PATH offline), builds it with meson and ninja (from
+# PyPI, in a throw-away venv: mount/binding/libfuse_source.sh, whose meson options it
+# shares), and leaves DEST/example/passthrough_hp with DEST/lib/libfuse3.so.4 (found
+# through the binary's $ORIGIN/../lib). Needs a C and C++ compiler (Debian:
+# build-essential). bench/gpu.sh uses .offline-kit/fuse317 when it is there (the numbers
+# in docs/BENCHMARKS.md §10 ran libfuse 3.17.2's); pass S4FS_PASSTHROUGH_HP to
+# train_loop.py otherwise.
 set -euo pipefail
 dest=${1:?usage: bash bench/build_fuse_c_floor.sh DEST}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# shellcheck source=mount/binding/libfuse_source.sh
+# shellcheck source=mount/binding/libfuse_source.sh disable=SC1091  # sets libfuse_*
 source "$(dirname "${BASH_SOURCE[0]}")/../mount/binding/libfuse_source.sh"
 libfuse_source "$work"
+# shellcheck disable=SC2154   # libfuse_version, libfuse_meson: set by libfuse_source.sh
 cd "$work/fuse-$libfuse_version"
-"$work/venv/bin/meson" setup build -Dexamples=true -Dutils=false -Dtests=false \
-    -Ddisable-mtab=true >/dev/null
+# shellcheck disable=SC2154
+"$work/venv/bin/meson" setup build -Dexamples=true "${libfuse_meson[@]}" >/dev/null
 PATH="$work/venv/bin:$PATH" ninja -C build example/passthrough_hp >/dev/null
 mkdir -p "$dest/example" "$dest/lib"
 cp build/example/passthrough_hp "$dest/example/"

@@ -9,7 +9,8 @@
 is the yardstick users and other filesystems are measured with, run here as they run it.
 
 Each target is a fresh folder: ``local`` a folder on the disk under ``--work``; ``s4fs``
-a fresh ``s4fs mount`` of a new local store (FUSE requests, ``--no-passthrough``);
+a fresh ``s4fs mount --allow-other`` of a new local store (FUSE requests,
+``--no-passthrough``; pjdfstest acts as other users too);
 ``s4fs-passthrough`` the same with ``--passthrough`` (skipped, with why, where the
 binding or the kernel lacks it). Every ``.t`` file of every folder of ``tests/`` runs
 under ``prove`` with the target as its working directory, one at a time, each bounded
@@ -61,7 +62,7 @@ class Mount:
         self.store = os.path.join(work, name, "store")
         os.makedirs(self.path)
         cmd = [sys.executable, "-m", "s4fs.cli", "mount", self.store, self.path,
-               "--cache-dir", os.path.join(work, name, "cache"), *flags]
+               "--cache-dir", os.path.join(work, name, "cache"), "--allow-other", *flags]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if r.returncode:
             raise RuntimeError((r.stderr or r.stdout).strip())

@@ -38,7 +38,7 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
   (``/dev/shm``): the spool a save leaves as the file's local copy is not written back
   to disk during the training that follows. The
   modes without ``-pt`` mount with ``--no-passthrough``: the FUSE request path.
-* ``fuse-c``, ``fuse-c+sync``: the same through libfuse 3.17's own C++ passthrough example
+* ``fuse-c``, ``fuse-c+sync``: the same through libfuse's own C++ passthrough example (3.18.3, bench/build_fuse_c_floor.sh)
   (``passthrough_hp``, multi-threaded, no FUSE passthrough): the floor of a FUSE mount
   whose daemon is not Python; ``fuse-passthrough``, ``fuse-passthrough+sync``: that
   daemon with the kernel's FUSE passthrough (Linux >= 6.9; writes go from the kernel

@@ -127,7 +127,20 @@ class S4Operations(pyfuse3.Operations):
             changes["mtime_ns"] = attr.st_mtime_ns
         if fields.update_atime:               # the kernel never sends one for a read
             changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
         return _attrs(await self.vfs.setattr(inode, changes, fh))
+
+    @_fuse_errors
+    async def readlink(self, inode, ctx):
+        return await self.vfs.readlink(inode)
+
+    @_fuse_errors
+    async def symlink(self, parent_inode, name, target, ctx):
+        return _attrs(await self.vfs.symlink(parent_inode, os.fsdecode(name), target,
+                                             (ctx.uid, ctx.gid)))
 
     @_fuse_errors
     async def opendir(self, inode, ctx):
@@ -146,7 +159,8 @@ class S4Operations(pyfuse3.Operations):
 
     @_fuse_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
-        return _attrs(await self.vfs.mkdir(parent_inode, os.fsdecode(name), mode))
+        return _attrs(await self.vfs.mkdir(parent_inode, os.fsdecode(name), mode,
+                                           (ctx.uid, ctx.gid)))
 
     @_fuse_errors
     async def rmdir(self, parent_inode, name, ctx):
@@ -185,7 +199,8 @@ class S4Operations(pyfuse3.Operations):
 
     @_fuse_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
-        opened, entry = await self.vfs.create(parent_inode, os.fsdecode(name), mode, flags)
+        opened, entry = await self.vfs.create(parent_inode, os.fsdecode(name), mode, flags,
+                                              (ctx.uid, ctx.gid))
         return _info(opened), _attrs(entry)
 
     @_fuse_errors

@@ -1,8 +1,9 @@
-"""``Attr``: what ``stat`` answers of a path — of a folder, of a committed version, or
-of a file being written on this mount."""
+"""``Attr``: what ``stat`` answers of a path — of a folder, of a committed version, of
+a file being written on this mount, or of a symbolic link."""
 
 from __future__ import annotations
 
+import stat as st
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ from s4fs.manifest import Manifest, seconds_to_ns
 if TYPE_CHECKING:
     from s4fs.write import WriteHandle
 
-__all__ = ["Attr", "version_attr", "writer_attr"]
+__all__ = ["Attr", "link_attr", "version_attr", "writer_attr"]
 
 
 @dataclass
@@ -26,6 +27,13 @@ class Attr:
     mtime_ns: int | None = None
     atime_ns: int | None = None    # set explicitly (utime); None: the mtime (noatime)
     ctime_ns: int | None = None    # last change of content or attributes; None: the mtime
+    uid: int | None = None         # the owner; None: not recorded (the mount shows its own)
+    gid: int | None = None
+    target: bytes | None = None    # a symbolic link's target (then ``mode`` is S_IFLNK)
+
+    @property
+    def is_link(self) -> bool:
+        return self.target is not None
 
     @property
     def name(self) -> str:
@@ -40,11 +48,21 @@ class Attr:
 
 def writer_attr(path: str, w: "WriteHandle") -> Attr:
     """A file being written: its spool's size, the handle's mode and times."""
+    uid, gid = w.owner or (None, None)
     return Attr(path, False, w.size, w.mode, w.mtime, 0, w.mtime_ns, w.atime_ns,
-                w.ctime_ns)
+                w.ctime_ns, uid, gid)
 
 
 def version_attr(path: str, m: Manifest) -> Attr:
     """A committed version."""
     atime, mtime, ctime = m.times_ns()
-    return Attr(path, False, m.size, m.mode, m.mtime, m.stored_bytes(), mtime, atime, ctime)
+    return Attr(path, False, m.size, m.mode, m.mtime, m.stored_bytes(), mtime, atime, ctime,
+                m.uid, m.gid)
+
+
+def link_attr(path: str, target: bytes, attrs: dict) -> Attr:
+    """A symbolic link: its size is its target's length, its mode 0777."""
+    mtime = attrs.get("mtime_ns", 0)
+    return Attr(path, False, len(target), st.S_IFLNK | 0o777, mtime / 1e9, 0, mtime,
+                attrs.get("atime_ns"), attrs.get("ctime_ns"), attrs.get("uid"),
+                attrs.get("gid"), target)

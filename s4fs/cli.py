@@ -266,6 +266,8 @@ def cmd_ls(args) -> int:
     for e in entries:
         if e.is_dir:
             print(f"{'dir':>10} {'':>10} {'':>7}  {e.name}/")
+        elif e.is_link:
+            print(f"{'link':>10} {'':>10} {'':>7}  {e.name} -> {os.fsdecode(e.target)}")
         else:
             ratio = f"{100 * e.stored / e.size:.1f}%" if e.size else "-"
             print(f"{_human(e.size):>10} {_human(e.stored):>10} {ratio:>7}  {e.name}")
@@ -474,19 +476,22 @@ def build_parser() -> argparse.ArgumentParser:
     st_.add_argument("mountpoint")
     st_.add_argument("--json", action="store_true")
     st_.set_defaults(fn=cmd_status)
-    bp = sub.add_parser("build-passthrough",
-                        help="build pyfuse3 with FUSE passthrough (libfuse 3.17.2 and a "
-                             "patched pyfuse3 3.5.0) and install it for this Python, so "
-                             "mounts take the fast path where the kernel has it; needs "
-                             "curl, patch, a C compiler, pkg-config, Python's headers and "
-                             "the network (docs/OPERATING.md)")
-    bp.add_argument("--dest", help="where the build goes; keep it, the binding links to its "
-                                   "libfuse (default: PREFIX/share/s4fs/pyfuse3-passthrough "
-                                   "of the Python it is for)")
+    what = ("build pyfuse3 with FUSE passthrough (a patched pyfuse3 3.5.0, against the "
+            "system's libfuse where it is >= 3.17.3, else against libfuse 3.18.3 built "
+            "from Debian's source and bundled into the wheel) and install it for this "
+            "Python, so mounts take the fast path where the kernel has it; needs curl, "
+            "patch, a C compiler, pkg-config, Python's headers and the network "
+            "(docs/OPERATING.md)")
+    bp = sub.add_parser("build-passthrough", help=what, description=what)
+    bp.add_argument("--dest", help="where the build goes: DEST/wheel installs on other "
+                                   "machines of this kind with pip install --no-index "
+                                   "--no-deps (default: PREFIX/share/s4fs/"
+                                   "pyfuse3-passthrough of the Python it is for)")
     bp.add_argument("--python", help="the Python to build and install it for (default: "
                                      "the one running this command)")
     bp.add_argument("--no-install", action="store_true",
-                    help="build (or reuse) the wheel only, and print its path")
+                    help="build (or reuse) the wheel only, install nothing, and print "
+                         "its path")
     bp.set_defaults(fn=cmd_build_passthrough)
     g = sub.add_parser("gc", help="free packs no file references")
     g.add_argument("store")

@@ -128,6 +128,12 @@ class MissingData(S4Error, OSError):
     errno = _errno.EIO
 
 
+class IsALink(S4Error, OSError):
+    """The path names a symbolic link where a file or folder was needed (the caller
+    did not follow it)."""
+    errno = _errno.ELOOP
+
+
 class NameTooLong(S4Error, OSError):
     """A name (one path component) is longer than NAME_MAX (255 bytes)."""
 

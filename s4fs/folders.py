@@ -22,7 +22,8 @@ __all__ = ["Folders", "STORE_FORMAT"]
 
 STORE_FORMAT = {"format": "s4fs-store", "version": 1}
 
-_DIR_MODE = st.S_IFDIR | 0o755     # a folder's mode is not stored
+_DIR_MODE = 0o755                  # a folder that records no mode (the root, older stores)
+_LISTED = (keys.FILES, keys.DIRS, keys.LINKS)   # what lies in a folder
 
 
 class Folders:
@@ -65,23 +66,25 @@ class Folders:
         its marker records; one without a marker, or whose marker records none, shows
         the store's creation time. NotFound when it is no folder."""
         if path == "":
-            return Attr("", True, 0, _DIR_MODE, self.root_ns / 1e9, 0, self.root_ns)
+            return Attr("", True, 0, st.S_IFDIR | _DIR_MODE, self.root_ns / 1e9, 0,
+                        self.root_ns)
         # one read serves both questions, as in is_dir
         try:
             marker = self.store.get(keys.dir_key(path))
         except NotFound:
             marker = None
         if marker is not None:
-            times = sealed.read_dir_marker(marker, self._where(path))
+            rec = sealed.read_dir_marker(marker, self._where(path))
         elif self.has_children(path):
-            times = {}
+            rec = {}
         else:
             self.known.discard(path)
             raise NotFound(f"no such file or directory: {path!r}")
         self.known.add(path)
-        mtime = times.get("mtime_ns", self.root_ns)
-        return Attr(path, True, 0, _DIR_MODE, mtime / 1e9, 0, mtime,
-                    times.get("atime_ns"), times.get("ctime_ns"))
+        mtime = rec.get("mtime_ns", self.root_ns)
+        return Attr(path, True, 0, st.S_IFDIR | rec.get("mode", _DIR_MODE), mtime / 1e9,
+                    0, mtime, rec.get("atime_ns"), rec.get("ctime_ns"), rec.get("uid"),
+                    rec.get("gid"))
 
     def _where(self, path: str) -> str:
         return f"marker of directory {path!r} (object {keys.dir_key(path)!r} in " \
@@ -105,7 +108,7 @@ class Folders:
         return True
 
     def has_children(self, path: str) -> bool:
-        for prefix in (keys.FILES, keys.DIRS):
+        for prefix in _LISTED:
             for _ in self.store.list(prefix + path + "/"):
                 return True
         return self._open_under(path)
@@ -115,7 +118,7 @@ class Folders:
         among them."""
         pre = path + "/" if path else ""
         names, files = set(), []
-        for prefix in (keys.FILES, keys.DIRS):
+        for prefix in _LISTED:
             for obj in self.store.list(prefix + pre):
                 rest = obj.key[len(prefix) + len(pre):]
                 if rest:
@@ -139,9 +142,14 @@ class Folders:
                 self.store.put(keys.dir_key(d), sealed.dir_marker(mtime_ns=time.time_ns()))
             self.known.add(d)
 
-    def make(self, path: str) -> None:
-        """mkdir: the marker of a new folder (the caller checked the names)."""
-        self.store.put(keys.dir_key(path), sealed.dir_marker(mtime_ns=time.time_ns()))
+    def make(self, path: str, mode: int | None = None,
+             owner: tuple[int, int] | None = None) -> None:
+        """mkdir: the marker of a new folder (the caller checked the names), with its
+        permission bits and (uid, gid) where given."""
+        uid, gid = owner or (None, None)
+        self.store.put(keys.dir_key(path), sealed.dir_marker(
+            mtime_ns=time.time_ns(), mode=None if mode is None else mode & 0o7777,
+            uid=uid, gid=gid))
         self.known.add(path)
 
     def remove(self, path: str) -> None:
@@ -149,15 +157,21 @@ class Folders:
         self.store.delete(keys.dir_key(path))
         self.known.discard(path)
 
-    def set_times(self, a: Attr, mtime_ns: int | None, atime_ns: int | None) -> bool:
-        """utime of folder ``a``: a folder keeps its times in its marker (the root has
-        none: it keeps its own). Whether anything changed."""
-        if not a.path or (mtime_ns is None and atime_ns is None):
+    def set_attrs(self, a: Attr, *, mtime_ns: int | None = None,
+                  atime_ns: int | None = None, mode: int | None = None,
+                  owner: tuple[int, int] | None = None) -> bool:
+        """utime / chmod / chown of folder ``a``: a folder keeps them in its marker (the
+        root has none: it keeps its own). Whether anything changed."""
+        if not a.path or (mtime_ns is None and atime_ns is None and mode is None
+                          and owner is None):
             return False
+        recorded = a.mode & 0o7777 if a.mode & 0o7777 != _DIR_MODE else None
+        uid, gid = owner or (a.uid, a.gid)
         self.store.put(keys.dir_key(a.path), sealed.dir_marker(
             mtime_ns=a.mtime_ns if mtime_ns is None else mtime_ns,
             atime_ns=a.atime_ns if atime_ns is None else atime_ns,
-            ctime_ns=time.time_ns()))
+            ctime_ns=time.time_ns(), mode=recorded if mode is None else mode & 0o7777,
+            uid=uid, gid=gid))
         self.known.add(a.path)
         return True
 
@@ -170,7 +184,7 @@ class Folders:
             marker = sealed.dir_marker()      # it had none: the store's time shows
         self.store.put(keys.dir_key(new), marker)
         self.known.add(new)
-        for prefix in (keys.FILES, keys.DIRS):
+        for prefix in _LISTED:
             for obj in list(self.store.list(prefix + old + "/")):
                 rest = obj.key[len(prefix) + len(old):]
                 self.store.put(prefix + new + rest, self.store.get(obj.key))

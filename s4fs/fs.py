@@ -20,22 +20,22 @@ committer and rewriter behind its saves (:mod:`s4fs.writeback`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import stat as st
-import time
 
 from s4fs import keys
-from s4fs.attr import Attr, version_attr, writer_attr
+from s4fs.attr import Attr, link_attr, version_attr, writer_attr
 from s4fs.cachedir import CacheDir
 from s4fs.coding import IngestConfig, placement
-from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty, InvalidArgument,
-                         IsADirectory, NotADirectory, NotFound)
+from s4fs.errors import (AlreadyExists, InvalidArgument, IsADirectory, IsALink,
+                         NotADirectory, NotFound)
 from s4fs.folders import STORE_FORMAT, Folders
 from s4fs.fsconfig import FsConfig
-from s4fs.manifest import Manifest, seconds_to_ns
+from s4fs.links import Links
+from s4fs.manifest import Manifest
 from s4fs.manifest_cache import ManifestCache
+from s4fs.namespace import PathChanges
 from s4fs.openfiles import OpenFiles
 from s4fs.read import (ChunkSource, DecodedCache, FileNode, Fills, NodeReader, PackCache,
                        ReadHandle)
@@ -63,6 +63,8 @@ class Filesystem:
         # first: a store this s4fs cannot use leaves nothing behind
         self.folders = Folders(store, lambda p: self.manifest_or_none(p) is not None,
                                lambda folder: self.files.open_under(folder))
+        self.links = Links(store)
+        self.changes = PathChanges(self)
         self.cache = CacheDir(self.cfg.cache_dir, writeback=self.cfg.writeback)
         self.cache_dir = self.cache.path
         self.spool_dir = self.cache.sub("spool", make=True)
@@ -211,7 +213,39 @@ class Filesystem:
         m = self.manifest_or_none(path)
         if m is not None:
             return version_attr(path, m)
-        return self.folders.attr(path)
+        try:
+            return self.folders.attr(path)
+        except NotFound:
+            link = self.links.get(path)
+            if link is None:
+                raise
+            return link_attr(path, *link)
+
+    # --- changes by path (s4fs.namespace) ---------------------------------------------
+
+    def mkdir(self, path: str, mode: int = 0o755,
+              owner: tuple[int, int] | None = None) -> None:
+        self.changes.mkdir(path, mode, owner)
+
+    def rmdir(self, path: str) -> None:
+        self.changes.rmdir(path)
+
+    def unlink(self, path: str) -> None:
+        self.changes.unlink(path)
+
+    def rename(self, old: str, new: str, *, noreplace: bool = False) -> None:
+        self.changes.rename(old, new, noreplace=noreplace)
+
+    def set_attrs(self, path: str, **changes) -> Attr:
+        """chmod / chown / utime / truncate by path (:meth:`PathChanges.set_attrs`)."""
+        return self.changes.set_attrs(path, **changes)
+
+    def symlink(self, path: str, target: bytes,
+                owner: tuple[int, int] | None = None) -> Attr:
+        return self.changes.symlink(path, target, owner)
+
+    def readlink(self, path: str) -> bytes:
+        return self.changes.readlink(path)
 
     def exists(self, path: str) -> bool:
         try:
@@ -230,141 +264,6 @@ class Filesystem:
         self.manifests.forget_absent(files)
         return sorted(names | self.files.names_under(path))
 
-    def mkdir(self, path: str, mode: int = 0o755) -> None:
-        path = keys.norm(path)
-        if self.exists(path):
-            raise AlreadyExists(f"{path!r} already exists")
-        parent = keys.parent(path)
-        if not self.stat(parent).is_dir:
-            raise NotADirectory(f"{parent!r} is not a directory")
-        self.folders.make(path)
-
-    def rmdir(self, path: str) -> None:
-        path = keys.norm(path)
-        if not self.stat(path).is_dir:
-            raise NotADirectory(f"{path!r} is not a directory")
-        if not path:
-            raise Busy("cannot remove the root directory")
-        if self.listdir(path):
-            raise DirectoryNotEmpty(f"directory {path!r} is not empty")
-        self.folders.remove(path)
-
-    def unlink(self, path: str) -> None:
-        path = keys.norm(path)
-        a = self.stat(path)
-        if a.is_dir:
-            raise IsADirectory(f"{path!r} is a directory")
-        self.files.unlink(path)
-        self.store.delete(keys.file_key(path))
-        self.manifests.remember(path, None)
-
-    def rename(self, old: str, new: str, *, noreplace: bool = False) -> None:
-        old, new = keys.norm(old), keys.norm(new)
-        a = self.stat(old)
-        if old == new:
-            return
-        if new.startswith(old + "/"):
-            raise InvalidArgument(f"cannot move {old!r} into itself")
-        try:
-            b = self.stat(new)
-        except NotFound:
-            b = None
-        if b is not None:
-            if noreplace:
-                raise AlreadyExists(f"{new!r} already exists")
-            if a.is_dir and not b.is_dir:
-                raise NotADirectory(f"{new!r} is not a directory")
-            if not a.is_dir and b.is_dir:
-                raise IsADirectory(f"{new!r} is a directory")
-            if b.is_dir and self.listdir(new):
-                raise DirectoryNotEmpty(f"directory {new!r} is not empty")
-        if not self.stat(keys.parent(new)).is_dir:
-            raise NotADirectory(f"{keys.parent(new)!r} is not a directory")
-        if a.is_dir:
-            self._rename_dir(old, new)
-        else:
-            self._rename_file(old, new)
-
-    def _rename_file(self, old: str, new: str) -> None:
-        w = self.files.rename_file(old, new)
-        if w is None:
-            self._move_manifest(old, new, None)
-            return
-        with w.moving(new) as live:      # no commit of w lands meanwhile
-            if not live:
-                self.files.writer_gone(w, new)
-            self._move_manifest(old, new, w)
-
-    def _move_manifest(self, old: str, new: str, w: WriteHandle | None) -> None:
-        """The store's side of a file rename: ``old``'s committed manifest becomes
-        ``new``'s; with none (a file still being written by ``w``), ``new`` shows no
-        committed version until ``w`` commits."""
-        m = self.manifest_or_none(old, fresh=True)
-        if m is not None:
-            self.commit(new, m, saved=False)
-            self.store.delete(keys.file_key(old))
-        elif w is None:
-            raise NotFound(f"no file {old!r}")
-        else:
-            self.store.delete(keys.file_key(new))
-            self.manifests.remember(new, None)
-        self.manifests.remember(old, None)
-
-    def _rename_dir(self, old: str, new: str) -> None:
-        moved = self.files.rename_folder(old, new)
-        self.manifests.clear()
-        with contextlib.ExitStack() as held:      # no commit under the folder meanwhile
-            for w, p in moved:
-                if not held.enter_context(w.moving(p)):
-                    self.files.writer_gone(w, p)
-            self.folders.move(old, new)
-        self.manifests.clear()
-
-    def set_attrs(self, path: str, *, mode: int | None = None, mtime: float | None = None,
-                  size: int | None = None, mtime_ns: int | None = None,
-                  atime_ns: int | None = None) -> Attr:
-        """chmod / utime / truncate of a path (not through an open handle). Times: the
-        mtime as ``mtime_ns`` (exact) or ``mtime`` (seconds), the atime as ``atime_ns``."""
-        path = keys.norm(path)
-        if mtime is not None and mtime_ns is None:
-            mtime_ns = seconds_to_ns(mtime)
-        times = {"mtime_ns": mtime_ns, "atime_ns": atime_ns}
-        w = self.files.writer(path)
-        if w is not None and w.set_attrs(mode=mode, size=size, **times):
-            return self.stat(path)
-        a = self.stat(path)
-        if a.is_dir:
-            # a folder keeps its times in its marker (its mode is not stored: 0755)
-            return self.stat(path) if self.folders.set_times(a, mtime_ns, atime_ns) else a
-        if size is not None and size != a.size:
-            self._resize(path, size, mode, times)
-        elif mode is not None or mtime_ns is not None or atime_ns is not None:
-            m = self.manifest(path, fresh=True)
-            if mode is not None:
-                m.mode = (m.mode & ~0o7777) | (mode & 0o7777)
-            if mtime_ns is not None:
-                m.mtime, m.mtime_ns = mtime_ns / 1e9, mtime_ns
-            if atime_ns is not None:
-                m.atime_ns = atime_ns
-            m.ctime_ns = time.time_ns()
-            self.commit(path, m, saved=False)
-        return self.stat(path)
-
-    def _resize(self, path: str, size: int, mode: int | None, times: dict) -> None:
-        """truncate of a path, through a write handle. A truncate to zero remembers the
-        version it cut, so that a file written again right after keeps its lineage (the
-        delta base of its next version)."""
-        old = self.manifest(path, fresh=True) if size == 0 else None
-        h = self.open_write(path, truncate=size == 0)
-        try:
-            if size != 0:
-                h.truncate(size)
-            h.set_attrs(mode=mode, **times)
-            h.fsync()
-        finally:
-            h.release()
-        if old is not None:
-            self.files.truncated(path, old)
 
     # --- files -----------------------------------------------------------------------
 
@@ -378,6 +277,8 @@ class Filesystem:
             if m is None:
                 if path and self.folders.is_dir(path):
                     raise IsADirectory(f"{path!r} is a directory")
+                if self.links.get(path) is not None:
+                    raise IsALink(f"{path!r} is a symbolic link (read what it points to)")
                 raise NotFound(f"no file {path!r}")
         return self.files.open_read(path, m)
 
@@ -392,7 +293,10 @@ class Filesystem:
         self.files.saw_commit(w, m)
 
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
-                   exclusive: bool = False, mode: int = 0o644) -> WriteHandle:
+                   exclusive: bool = False, mode: int = 0o644,
+                   owner: tuple[int, int] | None = None) -> WriteHandle:
+        """A handle writing ``path``'s file; a new file gets permission bits ``mode``
+        and is owned by ``owner`` (uid, gid) where given."""
         path = keys.norm(path)
         if not path:
             raise IsADirectory("the root is a directory")
@@ -411,12 +315,14 @@ class Filesystem:
         w = WriteHandle(self, path, file_mode,
                         initial=None if (truncate or old is None or old.size == 0) else old,
                         previous=previous)
+        if old is None and owner is not None:
+            w.owner = owner
         if self.files.add_writer(path, w):
             return w
         # another open of the same path won the race: share its handle instead
         w.abort()
         return self.open_write(path, truncate=truncate, create=create,
-                               exclusive=exclusive, mode=mode)
+                               exclusive=exclusive, mode=mode, owner=owner)
 
     def _existing_for_write(self, path: str, *, create: bool,
                             exclusive: bool) -> Manifest | None:
@@ -428,6 +334,9 @@ class Filesystem:
             a = None
         if a is not None and a.is_dir:
             raise IsADirectory(f"{path!r} is a directory")
+        if a is not None and a.is_link:
+            raise AlreadyExists(f"{path!r} is a symbolic link") if exclusive else \
+                IsALink(f"{path!r} is a symbolic link (write what it points to)")
         if a is not None and exclusive:
             raise AlreadyExists(f"{path!r} already exists")
         if a is None and not create:

@@ -25,6 +25,7 @@ FILES = "files/"
 DIRS = "dirs/"
 PACKS = "packs/"
 PINS = "pins/"
+LINKS = "links/"        # symbolic links: one small sealed object each (s4fs.sealed)
 PIN_DAYS = 7            # a pin older than this (its mount died) no longer keeps packs
 
 
@@ -51,6 +52,10 @@ def file_key(path: str) -> str:
 
 def dir_key(path: str) -> str:
     return DIRS + path
+
+
+def link_key(path: str) -> str:
+    return LINKS + path
 
 
 def new_pack_key() -> str:

@@ -63,6 +63,8 @@ VERSION = 2                 # the version written; versions 1 and 2 are read
 _MAGIC_V1 = b"S4MF"         # version 1: this magic, then the zstd frame, no checksum
 _MAX_CHECKSUM = (1 << 64) - 1
 _TIMES_NS = ("mtime_ns", "atime_ns", "ctime_ns")     # optional keys, int nanoseconds
+_OWNER = ("uid", "gid")                              # optional keys: who owns the file
+_MAX_ID = (1 << 32) - 2                              # (uid_t)-1 means "no change"
 _MIN_NS, _MAX_NS = -(1 << 63), (1 << 63) - 1        # what a stat can carry
 _REMEDY = ("restore the object from a copy of the store (bucket versioning or a replica), "
            "or delete the file and save it again")
@@ -147,6 +149,8 @@ class Manifest:
     mtime_ns: int | None = None
     atime_ns: int | None = None    # set explicitly; None: the mtime
     ctime_ns: int | None = None    # when this version was made; None: the mtime
+    uid: int | None = None         # the owner; None: not recorded (the mount's --uid)
+    gid: int | None = None         # the group; None: not recorded (the mount's --gid)
     _ext_starts: list[int] | None = field(default=None, repr=False)
 
     # --- queries ---------------------------------------------------------------------
@@ -205,7 +209,7 @@ class Manifest:
                "packs": sorted(packs, key=packs.get), "streams": streams,
                "extents": [list(e) for e in self.extents], "names": self.names,
                "base": self.base, "own": len(self.own_packs)}
-        for k in _TIMES_NS:                      # optional: absent when unknown
+        for k in _TIMES_NS + _OWNER:             # optional: absent when unknown
             if getattr(self, k) is not None:
                 doc[k] = getattr(self, k)
         problem = _inconsistency(doc)
@@ -253,7 +257,7 @@ class Manifest:
                    streams=streams, extents=[tuple(e) for e in doc["extents"]],
                    names=doc.get("names", {}), base=doc.get("base"),
                    own_packs=packs[: doc.get("own", 0)],
-                   **{k: doc[k] for k in _TIMES_NS if k in doc})
+                   **{k: doc[k] for k in _TIMES_NS + _OWNER if k in doc})
 
 
 def stored_split(m: Manifest) -> dict:
@@ -387,13 +391,20 @@ def _check(doc: dict) -> None:
     for k in _TIMES_NS:
         if k in doc:
             _int(doc[k], repr(k), _MIN_NS, _MAX_NS)
+    for k in _OWNER:
+        if k in doc:
+            _int(doc[k], repr(k), 0, _MAX_ID)
     _int(doc["mode"], "mode")
     _is(doc["kind"], str, "kind")
     _is(doc.get("id", ""), str, "id")
     _is(doc.get("names", {}), dict, "names")
     if doc.get("base") is not None:
         _is(doc["base"], dict, "base")
+    _check_extents(doc, _check_streams(doc, len(packs)), size)
 
+
+def _check_streams(doc: dict, npacks: int) -> list[int]:
+    """Check every stream and its chunks; the stream lengths."""
     lengths, blobs = [], {}
     for i, s in enumerate(_is(doc["streams"], list, "streams")):
         _is(s, dict, f"stream {i}")
@@ -404,9 +415,13 @@ def _check(doc: dict) -> None:
             _is(s["name"], str, f"stream {i} name")
         length = 0
         for j, c in enumerate(_is(s.get("chunks"), list, f"stream {i} chunks")):
-            length += _check_ref(c, len(packs), f"stream {i} chunk {j}", blobs)
+            length += _check_ref(c, npacks, f"stream {i} chunk {j}", blobs)
         lengths.append(length)
+    return lengths
 
+
+def _check_extents(doc: dict, lengths: list[int], size: int) -> None:
+    """Check that the extents map the whole file onto every stream byte, in order."""
     pos, cursor = 0, [0] * len(lengths)
     for i, e in enumerate(_is(doc["extents"], list, "extents")):
         if not isinstance(e, list) or len(e) != 4:

@@ -99,9 +99,10 @@ OPTIONS: tuple[Option, ...] = (
            default=3600.0,
            help="seconds between background garbage collections (0: never)"),
     Option("uid", ("--uid",), "uid", section="access", type=int,
-           help="show files as owned by this user id"),
+           help="the owner shown for files and folders that record none (made by an "
+                "older s4fs, or by the Python API); default: the daemon's user"),
     Option("gid", ("--gid",), "gid", section="access", type=int,
-           help="show files as owned by this group id"),
+           help="the group shown for files and folders that record none"),
     Option("log_file", ("--log-file",), None, section="daemon", type=str, daemon=False,
            help="daemon log (default: CACHE_DIR/s4fs-mount.log)"),
     Option("writeback", ("--writeback",), "writeback", section="writes",

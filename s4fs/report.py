@@ -74,15 +74,17 @@ def step_of(path: str) -> int | None:
 
 
 def walk(fs, rel: str) -> list[str]:
-    """Every file under ``rel`` (``rel`` itself if it is a file), in name order."""
+    """Every file under ``rel`` (``rel`` itself if it is a file), in name order; symbolic
+    links are not followed (the files they name are counted where they lie)."""
     if not fs.stat(rel).is_dir:
         return [rel]
     out = []
     for n in sorted(fs.listdir(rel)):
         p = f"{rel}/{n}" if rel else n
-        if fs.stat(p).is_dir:
+        a = fs.stat(p)
+        if a.is_dir:
             out += walk(fs, p)
-        else:
+        elif not a.is_link:
             out.append(p)
     return out
 

@@ -27,6 +27,7 @@ message that names the object and says what to do.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import xxhash
@@ -40,6 +41,7 @@ MAX_KIND = 64
 
 KIND_MANIFEST = "manifest"
 KIND_DIR = "dir"
+KIND_LINK = "link"
 KIND_STORE = "store"
 
 STORE_FORMAT = "s4fs-store"
@@ -111,40 +113,83 @@ def _digest(head: bytes, payload: bytes) -> bytes:
 # --- directory markers ``dirs/<path>`` -----------------------------------------------
 
 DIR_TIMES = ("mtime_ns", "atime_ns", "ctime_ns")
+OWNER = ("mode", "uid", "gid")     # permission bits (no type bits), owner and group
+DIR_ATTRS = DIR_TIMES + OWNER
+_RANGE = {"mode": (0, 0o7777), "uid": (0, (1 << 32) - 2), "gid": (0, (1 << 32) - 2)}
 
 
-def dir_marker(**times_ns: int | None) -> bytes:
+def dir_marker(**attrs: int | None) -> bytes:
     """The bytes of a directory marker: a sealed ``dir`` object whose payload holds the
-    directory's attributes, a JSON object of the times given (``mtime_ns=``,
-    ``atime_ns=``, ``ctime_ns=``: integer nanoseconds since the epoch), e.g.
-    ``{"mtime_ns":1764576000123456789}``; with none, the payload is empty.
+    directory's attributes, a JSON object of those given (times ``mtime_ns=``,
+    ``atime_ns=``, ``ctime_ns=``: integer nanoseconds since the epoch; ``mode=`` its
+    permission bits, ``uid=``, ``gid=``), e.g. ``{"mtime_ns":1764576000123456789}``;
+    with none, the payload is empty.
 
     Every reader accepts any payload whose checksum holds (s4fs before directory times
-    wrote empty ones); :func:`read_dir_marker` takes what it knows from it.
+    wrote empty ones, before owners no owner); :func:`read_dir_marker` takes what it
+    knows from it.
     """
-    unknown = set(times_ns) - set(DIR_TIMES)
-    if unknown:
-        raise ValueError(f"not a directory time: {sorted(unknown)}")
-    doc = {k: v for k, v in times_ns.items() if v is not None}
-    return seal(KIND_DIR, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-                if doc else b"")
+    return seal(KIND_DIR, _attrs_json(attrs, DIR_ATTRS, "directory attribute"))
 
 
 def read_dir_marker(data: bytes, where: str) -> dict[str, int]:
-    """The times a directory marker records (keys of ``DIR_TIMES``; none for a legacy
-    marker, an empty payload, or a payload this s4fs does not understand), after
+    """The attributes a directory marker records (keys of ``DIR_ATTRS``; none for a
+    legacy marker, an empty payload, or a payload this s4fs does not understand), after
     checking it as :func:`check_dir_marker` does."""
     if len(data) == 0:
         return {}
-    payload = unseal(data, kind=KIND_DIR, where=where)
+    return _read_attrs(unseal(data, kind=KIND_DIR, where=where), DIR_ATTRS)
+
+
+def _attrs_json(attrs: dict, known: tuple, what: str) -> bytes:
+    unknown = set(attrs) - set(known)
+    if unknown:
+        raise ValueError(f"not a {what}: {sorted(unknown)}")
+    doc = {k: v for k, v in attrs.items() if v is not None}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() if doc else b""
+
+
+def _read_attrs(payload: bytes, known: tuple) -> dict:
+    """The attributes of ``known`` a JSON payload holds with a type and range they may
+    have (what does not fit is left out, as an attribute not recorded)."""
     try:
         doc = json.loads(payload) if payload else {}
     except (ValueError, RecursionError):
         return {}
     if not isinstance(doc, dict):
         return {}
-    return {k: doc[k] for k in DIR_TIMES
-            if type(doc.get(k)) is int and -(1 << 63) <= doc[k] < 1 << 63}
+    out = {}
+    for k in known:
+        lo, hi = _RANGE.get(k, (-(1 << 63), (1 << 63) - 1))
+        if type(doc.get(k)) is int and lo <= doc[k] <= hi:
+            out[k] = doc[k]
+    return out
+
+
+# --- symbolic links ``links/<path>`` ---------------------------------------------------
+
+def link_object(target: bytes, **attrs: int | None) -> bytes:
+    """The bytes of a symbolic link: a sealed ``link`` object whose payload is a JSON
+    object of its target (``target``: the bytes as given to ``symlink``, decoded as
+    UTF-8 with surrogate escapes) and the attributes given (times, ``uid``, ``gid``;
+    a link's mode is always 0777)."""
+    doc = json.loads(_attrs_json(attrs, DIR_TIMES + ("uid", "gid"), "link attribute")
+                     or b"{}")
+    doc["target"] = os.fsdecode(target)
+    return seal(KIND_LINK, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
+
+
+def read_link(data: bytes, where: str) -> tuple[bytes, dict[str, int]]:
+    """``(target, attributes)`` of a stored symbolic link; CorruptManifest where it is
+    damaged or not a link."""
+    payload = unseal(data, kind=KIND_LINK, where=where)
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("target"), str):
+        raise CorruptManifest(f"{where} is no symbolic link s4fs can read; {_REMEDY}")
+    return os.fsencode(doc["target"]), _read_attrs(payload, DIR_TIMES + ("uid", "gid"))
 
 
 def check_dir_marker(data: bytes, where: str) -> None:

@@ -27,8 +27,9 @@ echo "== packages"
 apt-get update -q
 apt-get upgrade -y -q
 # fuse3: fusermount3 (setuid) for the non-root mount; libfuse3-dev, pkg-config and a
-# compiler build pyfuse3; curl and patch: `s4fs build-passthrough` (libfuse 3.17 from
-# Debian's source, pyfuse3 with the passthrough patch); python3 is 3.12 (tomllib)
+# compiler build pyfuse3; curl and patch: `s4fs build-passthrough` (the system's libfuse
+# where it is >= 3.17.3, else 3.18.3 from Debian's source; pyfuse3 with the passthrough
+# patch); python3 is 3.12 (tomllib)
 apt-get install -y -q --no-install-recommends \
     fuse3 libfuse3-dev pkg-config build-essential ca-certificates curl patch \
     python3 python3-venv python3-dev
@@ -46,7 +47,8 @@ echo "== s4fs into ${venv}"
 "$venv/bin/pip" install -q "${wheel}[gpu,service,s3,fuse]"
 "$venv/bin/s4fs" --help >/dev/null
 echo "== pyfuse3 with FUSE passthrough into ${venv}"
-# builds libfuse 3.17 and the patched pyfuse3 for this venv's Python and installs them;
+# builds the patched pyfuse3 (and libfuse, where the system's is older than 3.17.3) for
+# this venv's Python and installs them;
 # the kernel it notes as too old is the build's own (the HWE kernel runs after the reboot)
 "$venv/bin/s4fs" build-passthrough
 

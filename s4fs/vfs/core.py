@@ -103,7 +103,9 @@ class Vfs:
         times = a.times_ns()
         return Entry(
             inode=self.tables.inode(a.path) if inode is None else inode,
-            mode=mode, nlink=2 if a.is_dir else 1, uid=self.uid, gid=self.gid,
+            mode=mode, nlink=2 if a.is_dir else 1,
+            uid=self.uid if a.uid is None else a.uid,
+            gid=self.gid if a.gid is None else a.gid,
             size=a.size,
             blocks=(a.stored if a.stored else a.size) // 512 + 1 if a.size else 0,
             atime_ns=times[0], mtime_ns=times[1], ctime_ns=times[2],
@@ -142,7 +144,9 @@ class Vfs:
 
     @_namespace("shared")
     async def setattr(self, inode: int, changes: dict, fh: int | None) -> Entry:
-        """``changes``: any of ``size``, ``mode``, ``mtime_ns``, ``atime_ns``."""
+        """``changes``: any of ``size``, ``mode``, ``mtime_ns``, ``atime_ns``, ``uid``,
+        ``gid`` (the kernel checked who may change what: the mount's
+        ``default_permissions``)."""
         path = self.tables.path_or_none(inode)
         gone = self.tables.open_node(inode) if path is None else None
         if path is None and gone is None:
@@ -150,7 +154,7 @@ class Vfs:
         handle = self.tables.handle_or_none(fh)
         if changes:
             if not isinstance(handle, WriteHandle) or \
-                    not await self.run(handle.set_attrs, **changes):
+                    not await self.run(handle.set_attrs, **self._owner(changes, handle)):
                 if gone is not None:
                     # unlinked while open, changed through no descriptor of its writer:
                     # nothing of it is stored any more (as on a local disk, it is lost
@@ -160,6 +164,30 @@ class Vfs:
         if gone is not None:
             return await self.getattr(inode)
         return self.entry(await self.run(self.fs.stat, path))
+
+    def _owner(self, changes: dict, handle: WriteHandle) -> dict:
+        """``changes`` for a write handle: ``uid`` / ``gid`` as its ``owner``."""
+        if "uid" not in changes and "gid" not in changes:
+            return changes
+        out = {k: v for k, v in changes.items() if k not in ("uid", "gid")}
+        uid, gid = handle.owner or (self.uid, self.gid)
+        out["owner"] = (changes.get("uid", uid), changes.get("gid", gid))
+        return out
+
+    async def readlink(self, inode: int) -> bytes:
+        return await self.run(self.fs.readlink, self.tables.path(inode))
+
+    async def symlink(self, parent: int, name: str, target: bytes,
+                      owner: tuple[int, int]) -> Entry:
+        path = self.tables.child(parent, name)
+        return self.entry(await self.run(self.fs.symlink, path, target,
+                                         await self._inherit(parent, owner)))
+
+    async def _inherit(self, parent: int, owner: tuple[int, int]) -> tuple[int, int]:
+        """The owner of a new file or folder in ``parent``: its creator, in the
+        folder's group where the folder has its set-group-ID bit (as on a local disk)."""
+        folder = self.entry(await self.run(self.fs.stat, self.tables.path(parent)), parent)
+        return (owner[0], folder.gid) if folder.mode & st.S_ISGID else owner
 
     async def opendir(self, inode: int) -> int:
         path = self.tables.path(inode)
@@ -186,9 +214,15 @@ class Vfs:
     async def releasedir(self, fh: int) -> None:
         self._forget_fh(fh)
 
-    async def mkdir(self, parent: int, name: str, mode: int) -> Entry:
+    async def mkdir(self, parent: int, name: str, mode: int,
+                    owner: tuple[int, int] | None = None) -> Entry:
         path = self.tables.child(parent, name)
-        await self.run(self.fs.mkdir, path, mode)
+        if owner is not None:
+            inherited = await self._inherit(parent, owner)
+            if inherited != owner:                 # the set-group-ID bit passes down
+                mode |= st.S_ISGID
+            owner = inherited
+        await self.run(self.fs.mkdir, path, mode, owner)
         return self.entry(await self.run(self.fs.stat, path))
 
     @_namespace("exclusive")
@@ -247,11 +281,13 @@ class Vfs:
         return self._opened(handle, inode, bid)
 
     @_namespace("shared")
-    async def create(self, parent: int, name: str, mode: int,
-                     flags: int) -> tuple[Opened, Entry]:
+    async def create(self, parent: int, name: str, mode: int, flags: int,
+                     owner: tuple[int, int] | None = None) -> tuple[Opened, Entry]:
         path = self.tables.child(parent, name)
+        if owner is not None:
+            owner = await self._inherit(parent, owner)
         handle = await self.run(self.fs.open_write, path, truncate=True, create=True,
-                                exclusive=bool(flags & os.O_EXCL), mode=mode)
+                                exclusive=bool(flags & os.O_EXCL), mode=mode, owner=owner)
         entry = self.entry(await self.run(self.fs.stat, path))
         bid = await self.run(self.passthrough.for_write, entry.inode, handle)
         return self._opened(handle, entry.inode, bid), entry

@@ -62,6 +62,8 @@ class Commits:
         same_chunks = w.same_bytes and w.previous is not None
         try:
             m = self._new_attrs() if same_chunks else w.stream.manifest()
+            if w.owner is not None:
+                m.uid, m.gid = w.owner
             w.fs.commit(w.path, m)
         except BaseException:
             if w.state is State.COMMITTING:

@@ -106,7 +106,11 @@ class WriterPort(Protocol):
 
 
 class WriteHandle:
-    """One file open for writing on this mount, shared by every descriptor open on it."""
+    """One file open for writing on this mount, shared by every descriptor open on it.
+
+    (A little over 400 lines: what its descriptors do and the states they move it
+    through, under one lock; its parts live beside it in ``streaming``, ``commit`` and
+    ``behind``.)"""
 
     def __init__(self, fs: WriterPort, path: str, mode: int, *,
                  initial: Manifest | None, previous: Manifest | None,
@@ -119,6 +123,10 @@ class WriteHandle:
         self.mtime_ns = time.time_ns() if initial is None else initial.times_ns()[1]
         self.ctime_ns = None if initial is None else initial.times_ns()[2]
         self.atime_ns = previous.atime_ns if previous is not None else None
+        # (uid, gid) the versions it commits record: the file's, kept across versions;
+        # a new file's creator (s4fs.fs.open_write); None: not recorded
+        self.owner = (previous.uid, previous.gid) \
+            if previous is not None and previous.uid is not None else None
         self.opened = time.monotonic()
         self.previous = previous          # the version this one replaces (delta lineage)
         self.refs = 1
@@ -283,10 +291,10 @@ class WriteHandle:
             self._touch()
 
     def set_attrs(self, *, mode=None, mtime=None, size=None, mtime_ns=None,
-                  atime_ns=None) -> bool:
-        """chmod / utime / truncate through this handle (the mtime as ``mtime_ns``, or
-        ``mtime`` in seconds); False when it has closed meanwhile (the caller then
-        changes the committed file instead)."""
+                  atime_ns=None, owner=None) -> bool:
+        """chmod / utime / truncate / chown through this handle (the mtime as
+        ``mtime_ns``, or ``mtime`` in seconds; ``owner`` a (uid, gid)); False when it
+        has closed meanwhile (the caller then changes the committed file instead)."""
         with self._cond:
             self._wait_commit()
             self._check()
@@ -297,6 +305,9 @@ class WriteHandle:
                 self.truncate(size)
             if mode is not None:
                 self.mode = (self.mode & ~0o7777) | (mode & 0o7777)
+                self._touch(mtime=False)
+            if owner is not None:
+                self.owner = owner
                 self._touch(mtime=False)
             if mtime is not None and mtime_ns is None:
                 mtime_ns = seconds_to_ns(mtime)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import stat
 import time
 
 import pytest
@@ -454,3 +455,109 @@ def test_passthrough_asked_for_stays_on_when_one_file_is_refused(site):
     assert len(k.port.named("refused")) == 2
     assert k.vfs.passthrough.enabled
     assert site.stored("b.pt") == b"b.pt"
+
+
+# --- symbolic links and owners ---------------------------------------------------------
+
+def test_a_symbolic_link_is_stored_read_and_seen_by_another_mount(site):
+    k, other = site(), site()
+
+    async def main():
+        await k.save("ckpt_1000.pt", b"weights")
+        e = await k.vfs.symlink(ROOT_INODE, "latest", b"ckpt_1000.pt", (1000, 1001))
+        assert stat.S_ISLNK(e.mode) and e.size == len(b"ckpt_1000.pt")
+        assert (e.uid, e.gid) == (1000, 1001)
+        assert await k.vfs.readlink(e.inode) == b"ckpt_1000.pt"
+        seen = await other.vfs.lookup(ROOT_INODE, "latest")
+        assert stat.S_ISLNK(seen.mode) and (seen.uid, seen.gid) == (1000, 1001)
+        assert await other.vfs.readlink(seen.inode) == b"ckpt_1000.pt"
+        fh = await other.vfs.opendir(ROOT_INODE)
+        names = [n async for n, _, _ in other.vfs.readdir(fh, 2)]
+        assert names == ["ckpt_1000.pt", "latest"]
+        with pytest.raises(S4Error):                  # a name taken by a link
+            await k.vfs.symlink(ROOT_INODE, "latest", b"other", (0, 0))
+        with pytest.raises(InvalidArgument):          # readlink of no link
+            await k.vfs.readlink((await k.vfs.lookup(ROOT_INODE, "ckpt_1000.pt")).inode)
+    trio.run(main)
+
+
+def test_a_link_renamed_over_a_file_and_unlinked_leaves_the_files_it_named(site):
+    k = site()
+
+    async def main():
+        await k.save("a.pt", b"A")
+        await k.save("b.pt", b"B")
+        await k.vfs.symlink(ROOT_INODE, "tmp-link", b"a.pt", (0, 0))
+        await k.vfs.rename(ROOT_INODE, "tmp-link", ROOT_INODE, "b.pt")   # atomic flip
+        assert await k.vfs.readlink((await k.vfs.lookup(ROOT_INODE, "b.pt")).inode) \
+            == b"a.pt"
+        await k.vfs.unlink(ROOT_INODE, "b.pt")
+        with pytest.raises(NotFound):
+            await k.vfs.lookup(ROOT_INODE, "b.pt")
+        assert await k.read_file("a.pt") == b"A"
+        # a file renamed over a link replaces it
+        await k.vfs.symlink(ROOT_INODE, "l", b"a.pt", (0, 0))
+        await k.save("c.pt", b"C")
+        await k.vfs.rename(ROOT_INODE, "c.pt", ROOT_INODE, "l")
+        assert await k.read_file("l") == b"C"
+    trio.run(main)
+    assert site.stored("l") == b"C"
+
+
+def test_links_move_with_their_folder(site):
+    k, other = site(), site()
+
+    async def main():
+        await k.vfs.mkdir(ROOT_INODE, "run", 0o755, (0, 0))
+        run = (await k.vfs.lookup(ROOT_INODE, "run")).inode
+        await k.vfs.symlink(run, "latest", b"ckpt_5.pt", (0, 0))
+        with pytest.raises(S4Error):          # the link is in it: not empty
+            await k.vfs.rmdir(ROOT_INODE, "run")
+        await k.vfs.rename(ROOT_INODE, "run", ROOT_INODE, "run2")
+        run2 = (await other.vfs.lookup(ROOT_INODE, "run2")).inode
+        assert await other.vfs.readlink(
+            (await other.vfs.lookup(run2, "latest")).inode) == b"ckpt_5.pt"
+    trio.run(main)
+
+
+def test_owners_and_modes_are_kept_per_file_and_folder(site):
+    k, other = site(), site()
+
+    async def main():
+        await k.vfs.mkdir(ROOT_INODE, "shared", 0o2770, (1000, 2000))
+        d = await k.vfs.lookup(ROOT_INODE, "shared")
+        assert (d.mode & 0o7777, d.uid, d.gid) == (0o2770, 1000, 2000)
+        # the folder's set-group-ID bit: new files take its group, new folders the bit
+        opened, e = await k.vfs.create(d.inode, "ckpt.pt", 0o640, os.O_WRONLY, (1001, 1001))
+        await k.write(opened, b"x" * 1000)
+        await k.close(opened)
+        sub = await k.vfs.mkdir(d.inode, "sub", 0o750, (1001, 1001))
+        assert (sub.mode & 0o7777, sub.gid) == (0o2750, 2000)
+        theirs = (await other.vfs.lookup(ROOT_INODE, "shared")).inode
+        f = await other.vfs.lookup(theirs, "ckpt.pt")
+        assert (f.mode & 0o7777, f.uid, f.gid) == (0o640, 1001, 2000)
+        # chown and chmod by path, on a file and on a folder, seen by the other mount
+        await k.vfs.setattr(e.inode, {"uid": 7, "gid": 8, "mode": 0o600}, None)
+        await k.vfs.setattr(d.inode, {"mode": 0o755, "uid": 9}, None)
+        shared = await other.vfs.lookup(ROOT_INODE, "shared")
+        f = await other.vfs.lookup(shared.inode, "ckpt.pt")
+        assert (f.mode & 0o7777, f.uid, f.gid) == (0o600, 7, 8)
+        assert (shared.mode & 0o7777, shared.uid, shared.gid) == (0o755, 9, 2000)
+        # a new version keeps the owner
+        w, _ = await k.open("ckpt.pt", os.O_WRONLY | os.O_TRUNC, parent=d.inode)
+        await k.write(w, b"y" * 10)
+        await k.close(w)
+        f = await other.vfs.lookup(shared.inode, "ckpt.pt")
+        assert (f.size, f.uid, f.gid) == (10, 7, 8)
+    trio.run(main)
+
+
+def test_files_that_record_no_owner_show_the_mounts(site):
+    k = site()
+
+    async def main():
+        opened, e = await k.vfs.create(ROOT_INODE, "old.pt", 0o644, os.O_WRONLY)
+        await k.close(opened)
+        e = await k.vfs.lookup(ROOT_INODE, "old.pt")
+        assert (e.uid, e.gid) == (1234, 5678)        # the mount's (--uid/--gid)
+    trio.run(main)
