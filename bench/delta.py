@@ -151,20 +151,25 @@ def run_series(checkpoints, work: str) -> tuple[list[dict], dict]:
     for tag, store in stores.items():
         collect(store, grace=0)
         totals[tag] = {"bucket": sum(packs(store).values())}
-        for which, i in (("newest", -1), ("oldest", 0)):
-            times = []
-            for _ in range(3):
-                fresh = Filesystem(store, FsConfig(decoded_cache_bytes=0))
+    tags = list(stores)
+    for which, i in (("newest", -1), ("oldest", 0)):
+        times = {tag: [] for tag in tags}
+        for r in range(3):
+            # the stores take turns, each round starting with the next one: no store is
+            # always the first read after a write or after another store's
+            for tag in tags[r % len(tags):] + tags[:r % len(tags)]:
+                fresh = Filesystem(stores[tag], FsConfig(decoded_cache_bytes=0))
                 try:                            # a new one each time: nothing cached
                     t0 = time.perf_counter()
-                    r = fresh.open_read(rows[i]["path"])
-                    got = r.read(0, rows[i]["logical"])
-                    r.release()
-                    times.append(time.perf_counter() - t0)
+                    h = fresh.open_read(rows[i]["path"])
+                    got = h.read(0, rows[i]["logical"])
+                    h.release()
+                    times[tag].append(time.perf_counter() - t0)
                 finally:
                     fresh.close()
                 assert got == datas[i], f"{tag}: {rows[i]['path']} read back wrong"
-            totals[tag][which] = statistics.median(times)
+        for tag in tags:
+            totals[tag][which] = statistics.median(times[tag])
     return rows, totals
 
 
