@@ -41,7 +41,10 @@
 # an offline kit in .offline-kit/ (the GPU machine has no network: wheels of trio,
 # zstandard, xxhash, Cython, pyfuse3's source, libfuse3, nvCOMP, and a setup.sh that
 # installs them; fuse317/ from bench/build_fuse_c_floor.sh and
-# mount/binding/build_pyfuse3.sh) and, for codec and ingest, the MiniLM weights subset in
+# `bash mount/binding/build_pyfuse3.sh .offline-kit/fuse317`, which now holds libfuse
+# 3.18.3: the patch asks for passthrough with fuse_set_feature_flag, which libfuse
+# 3.17.0-3.17.2 refuse beside pyfuse3's own conn.want, so a kit built before 2026-12-06
+# must be built again) and, for codec and ingest, the MiniLM weights subset in
 # .gpubench/minilm-subset.safetensors (without it the codec bench falls back to
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
