@@ -124,10 +124,13 @@ def run_series(checkpoints, work: str) -> tuple[list[dict], dict]:
     fss = {k: Filesystem(stores[k], FsConfig(ingest=IngestConfig(**ing), **kw))
            for k, (kw, ing) in MODES.items()}
     rows, datas = [], []
-    for step, data, obj in checkpoints:
+    order = list(fss)
+    for n, (step, data, obj) in enumerate(checkpoints):
         datas.append(data)
         row = {"step": step, "logical": len(data), "path": f"ckpt_{step}.pt"}
-        for tag, fs in fss.items():
+        # the stores save in turns too: each checkpoint starts with the next store
+        for tag in order[n % len(order):] + order[:n % len(order)]:
+            fs = fss[tag]
             before = packs(stores[tag])
             t0 = time.perf_counter()
             h = fs.open_write(row["path"])

@@ -39,12 +39,16 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
 
     if not delta_candidate(base, len(data), cfg):
         return whole(), FULL
+    room = chain_room(base, cfg)            # stored bytes a delta may add to the chain
+    if room <= 0 and base.checksum != checksum:
+        # no delta may be kept and the chunk is not its base's bytes: coded whole
+        # without reading the base (a backward save, whose newest version is whole)
+        return whole(), FULL
     base_raw = readable_base(base_bytes, f"pack {base.pack}")
     if base_raw is None:
         return whole(), FULL
     if base.checksum == checksum and base_raw == data:
         return b"", SAME
-    room = chain_room(base, cfg)            # stored bytes a delta may add to the chain
     if room <= 0:
         return whole(), FULL
 

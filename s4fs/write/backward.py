@@ -531,7 +531,8 @@ class Rewriter:
             out = reexpress(self._fs, self._cfg, path, m)
         except (S4Error, OSError) as exc:
             log.warning("could not store the version before %s as deltas on it (%s); it "
-                        "stays whole", path, exc)
+                        "stays whole. Where its bytes are damaged, `s4fs verify` on its "
+                        "folder lists every damaged file", path, exc)
             return
         except Exception:
             log.exception("internal error re-expressing the version before %s; it stays "

@@ -509,8 +509,10 @@ from store_damage import damage_packs  # noqa: E402
 @pytest.mark.parametrize("where", ["api", "gpu-worker"])
 def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplog, how, where):
     """The previous checkpoint's packs damaged or gone: the next save (s4fs.save in
-    process; the ingest's GPU worker, emulated) codes its chunks in full, warns once
-    naming `s4fs verify`, and reads back exact; the damaged file still refuses to read."""
+    process; the ingest's GPU worker, emulated) codes its chunks in full and reads back
+    exact, and a warning names `s4fs verify` (the save's, where it read the damaged
+    base; else the re-expression's, which reads it after); the damaged file still
+    refuses to read."""
     from s4fs.coding import _bases as delta
     from s4fs.errors import S4Error
     # packs seen whole (written here, or looked at) are trusted for PACKS_SEEN_TTL; the
@@ -527,6 +529,7 @@ def test_a_damaged_base_does_not_stop_the_next_save(tmp_path, monkeypatch, caplo
         w[:1000] += 1
         with caplog.at_level("WARNING", logger="s4fs.ingest"):
             s4fs.save(state, str(store / "ckpt_1.pt"))
+            fs.settle_deltas()            # the re-expression after it, in the background
         m0, m1 = fs.manifest("ckpt_0.pt"), fs.manifest("ckpt_1.pt")
         assert s4fs.read_bytes(str(store / "ckpt_1.pt")) == tbytes(state, "ckpt_1.pt")
         with pytest.raises(S4Error):
