@@ -167,6 +167,11 @@ class Filesystem:
         path = keys.norm(path)
         return self.manifests.get(path, fresh=fresh) if path else None
 
+    def current_manifest(self, path: str) -> Manifest | None:
+        """The manifest of ``path`` as the store holds it now (not parsed again when its
+        bytes are those already read), or None."""
+        return self.manifest_or_none(path, fresh=True)
+
     @property
     def backward(self) -> bool:
         """Whether deltas run backward (FsConfig.delta_direction)."""
@@ -189,16 +194,17 @@ class Filesystem:
         ``saved``: a new version (not a rename or a change of attributes): with backward
         deltas the version it was compared with is then re-expressed against it."""
         self.folders.ensure_parents(path)
-        self.store.put(keys.file_key(path), m.to_bytes())
-        self.manifests.remember(path, m)
+        data = m.to_bytes()
+        self.store.put(keys.file_key(path), data)
+        self.manifests.remember(path, m, data)
         self.files.committed(path, m)
         if saved:
             self.writeback.saved(path, m)
 
-    def rewritten(self, path: str, m: Manifest) -> None:
-        """(RewritePort) ``path``'s manifest was rewritten as ``m``: the same version
-        (same id, same bytes), its chunks stored otherwise."""
-        self.manifests.rewritten(path, m)
+    def rewritten(self, path: str, m: Manifest, data: bytes | None = None) -> None:
+        """(RewritePort) ``path``'s manifest was rewritten as ``m`` (stored as ``data``):
+        the same version (same id, same bytes), its chunks stored otherwise."""
+        self.manifests.rewritten(path, m, data)
         self.files.rewritten(path, m)
 
     # --- namespace -------------------------------------------------------------------

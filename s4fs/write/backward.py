@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from s4fs import keys
 from s4fs.coding import (BaseFile, base_from_file, base_streams, code_again,
@@ -65,8 +65,9 @@ class RewritePort(Protocol):
     decoded: "DecodedCache | None"    # a version's decoded copy, read instead
     pools: "Pools"                    # the owner's threads upload the new packs
 
-    def rewritten(self, path: str, m: Manifest) -> None:
-        """``path``'s manifest is now ``m`` (same bytes, stored otherwise)."""
+    def rewritten(self, path: str, m: Manifest, data: bytes | None = None) -> None:
+        """``path``'s manifest is now ``m``, stored as ``data`` (same file bytes, its
+        chunks stored otherwise)."""
 
 
 @dataclass
@@ -171,11 +172,12 @@ def _replace_previous(fs: RewritePort, new_path: str, new: Manifest, old_bytes: 
     used = {c.pack for s in fresh.streams for c in s.chunks}
     fresh.own_packs = [p for p in old.own_packs if p in used] + \
         [p for p in mapping.packs if p in used]
-    if not fs.store.replace(keys.file_key(out.path), fresh.to_bytes(), old_bytes):
+    data = fresh.to_bytes()
+    if not fs.store.replace(keys.file_key(out.path), data, old_bytes):
         out.why = "the previous version changed meanwhile"
         out.deltas = out.shared = out.moved = 0
         return False
-    fs.rewritten(out.path, fresh)
+    fs.rewritten(out.path, fresh, data)
     return True
 
 
@@ -187,9 +189,10 @@ def _repoint(fs: RewritePort, versions: list, mapping: "_Mapping", out: Outcome)
     for path, data, m in versions:
         again = _rewrite(m, mapping)
         again.base = m.base
-        if not fs.store.replace(keys.file_key(path), again.to_bytes(), data):
+        stored = again.to_bytes()
+        if not fs.store.replace(keys.file_key(path), stored, data):
             break
-        fs.rewritten(path, again)
+        fs.rewritten(path, again, stored)
         out.repointed.append(path)
 
 
@@ -215,21 +218,22 @@ def _uses(m: Manifest, mapping: "_Mapping") -> bool:
     return False
 
 
-def likely_replaced(store: "Store", base: Manifest | None) -> frozenset:
+def likely_replaced(current: Callable[[str], "Manifest | None"],
+                    base: Manifest | None) -> frozenset:
     """The chunks of ``base`` (keys) whose counterparts in the version saved after it
     will likely be replaced by deltas once a newer one comes: those the version before
     ``base`` was re-expressed on (its deltas' own bases) — the tensors whose deltas paid
     last time. The new version packs them apart, so that their packs die whole rather
-    than being compacted (``_by_pack``). Empty when that is not known."""
+    than being compacted (``_by_pack``). Empty when that is not known. ``current``:
+    the committed manifest of a path, read fresh (None: no file)."""
     info = (base.base or {}) if base is not None else {}
     if not info.get("path") or not info.get("id"):
         return frozenset()
     try:
-        data = store.get(keys.file_key(info["path"]))
-        before = Manifest.from_bytes(data, where=f"manifest of {info['path']!r}")
+        before = current(info["path"])
     except (S4Error, OSError):
         return frozenset()
-    if before.id != info["id"] or ((before.base or {}).get(NEWER) or {}).get("id") != base.id:
+    if before is None or before.id != info["id"] or ((before.base or {}).get(NEWER) or {}).get("id") != base.id:
         return frozenset()
     return frozenset(c.base.key() for s in before.streams for c in s.chunks
                      if c.base is not None)

@@ -76,6 +76,9 @@ class SessionPort(Namespace, Protocol):
     source: "ChunkSource"             # the base's chunks, where its copy lacks them
     pools: "Pools"                    # the worker processes a spool's coding runs in
 
+    def current_manifest(self, path: str) -> Manifest | None:
+        """The manifest of ``path`` as the store holds it now, or None."""
+
 
 def _peers(fs: Namespace, folder: str, name: str) -> list[str]:
     """Names in ``folder`` shaped like ``name`` (other than it), closest earlier number
@@ -156,7 +159,7 @@ def new_session(fs: SessionPort, path: str, previous: Manifest | None,
     base_file = None
     if base is not None and fs.decoded is not None:
         base_file = fs.decoded.path_of(base.id)
-    lanes = likely_replaced(fs.store, base) if fs.backward and base_path != path \
+    lanes = likely_replaced(fs.current_manifest, base) if fs.backward and base_path != path \
         else frozenset()
     return IngestSession(fs.store, fs.save_ingest, base=base, base_path=base_path,
                          source=fs.source, on_pack=fs.pack_cache.put
