@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .base import ObjectInfo, Store, check_key
+from .base import ObjectInfo, ObjectWriter, Store, check_key
 from .local import LocalStore
 
-__all__ = ["Store", "ObjectInfo", "LocalStore", "check_key", "open_store"]
+__all__ = ["Store", "ObjectInfo", "ObjectWriter", "LocalStore", "check_key", "open_store"]
 
 
 def open_store(url: str, **options) -> Store:

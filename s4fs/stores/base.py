@@ -66,6 +66,13 @@ class Store(ABC):
         overrides this (a pack is many coded chunks)."""
         self.put(key, b"".join(parts))
 
+    def writer(self, key: str) -> "ObjectWriter":
+        """An object stored piece by piece as its bytes come (a pack as its chunks are
+        coded), so that little is left to write when it is complete. The default
+        collects the pieces and stores them with :meth:`put_parts` at
+        :meth:`ObjectWriter.commit`; a store that can write ahead overrides it."""
+        return ObjectWriter(self, key)
+
     def replace(self, key: str, data, expected: bytes) -> bool:
         """Store ``data`` under ``key`` only while the object there holds exactly
         ``expected``, atomically against every other ``put`` and ``replace``: True when
@@ -98,6 +105,28 @@ class Store(ABC):
 
     def close(self) -> None:
         """Release connections and threads (optional)."""
+
+
+class ObjectWriter:
+    """One object being written: :meth:`write` appends pieces (bytes-likes, which the
+    caller leaves unchanged until :meth:`commit` or :meth:`abort` returns); nothing is
+    under the key until :meth:`commit` returns, and then the whole object is, atomically
+    (as :meth:`Store.put`); :meth:`abort` (or a failed commit) leaves nothing behind.
+    Calls come from one thread at a time, in order."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self.store, self.key = store, key
+        self._parts: list = []
+
+    def write(self, parts: list) -> None:
+        self._parts.extend(parts)
+
+    def commit(self) -> None:
+        parts, self._parts = self._parts, []
+        self.store.put_parts(self.key, parts)
+
+    def abort(self) -> None:
+        self._parts = []
 
 
 def check_key(key: str) -> str:

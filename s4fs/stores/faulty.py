@@ -19,9 +19,10 @@ from typing import Callable, Iterable, Iterator, Mapping, Union
 
 from s4fs.errors import InvalidArgument, StoreUnavailable
 
-from .base import ObjectInfo, Store
+from .base import ObjectInfo, ObjectWriter, Store
 
-OPERATIONS = ("get", "put", "delete", "list", "head", "replace")
+#: ``write``: a piece of an object written ahead (``Store.writer``); its commit is a ``put``
+OPERATIONS = ("get", "put", "delete", "list", "head", "replace", "write")
 
 #: an exception class, an exception instance (copied on every raise), or a callable
 #: ``(op, key) -> exception``
@@ -31,7 +32,8 @@ ErrorSpec = Union[type, BaseException, Callable[[str, str], BaseException]]
 class FailingStore(Store):
     """Wrap ``inner``; fail the calls named in ``fail_on``.
 
-    * ``fail_on``: operation names (``get``, ``put``, ``delete``, ``list``, ``head``),
+    * ``fail_on``: operation names (``get``, ``put``, ``delete``, ``list``, ``head``,
+      ``replace``, ``write`` — a piece written ahead; a writer's commit is a ``put``),
       or a mapping of operation name to the error for that operation (``None`` means
       ``error``).
     * ``times``: how many calls of each operation fail before that operation works
@@ -108,6 +110,9 @@ class FailingStore(Store):
             raise self._error("put", key)
         self.inner.put(key, data)
 
+    def writer(self, key) -> ObjectWriter:
+        return _FailingWriter(self, key, self.inner.writer(key))
+
     def replace(self, key, data, expected: bytes) -> bool:
         if self._should_fail("replace", key):
             if self._applied:
@@ -134,3 +139,30 @@ class FailingStore(Store):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _FailingWriter(ObjectWriter):
+    """The inner store's writer (so its own way of writing ahead is what runs), with
+    the wrapper's faults: ``write`` on each piece, ``put`` at the commit."""
+
+    def __init__(self, outer: FailingStore, key: str, inner: ObjectWriter) -> None:
+        super().__init__(outer, key)
+        self.outer, self.inner = outer, inner
+
+    def write(self, parts: list) -> None:
+        if self.outer._should_fail("write", self.key):
+            self.inner.abort()
+            raise self.outer._error("write", self.key)
+        self.inner.write(parts)
+
+    def commit(self) -> None:
+        if self.outer._should_fail("put", self.key):
+            if self.outer._applied:
+                self.inner.commit()
+            else:
+                self.inner.abort()
+            raise self.outer._error("put", self.key)
+        self.inner.commit()
+
+    def abort(self) -> None:
+        self.inner.abort()

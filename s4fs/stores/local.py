@@ -45,6 +45,7 @@ from .base import (
     NAME_MAX,
     NameTooLong,
     ObjectInfo,
+    ObjectWriter,
     Store,
     check_key,
     check_name_lengths,
@@ -104,6 +105,82 @@ def _read_key(f) -> tuple[str, int] | None:
     if len(raw) != n:
         return None
     return os.fsdecode(raw), len(head) + n
+
+
+def _temp_beside(path: str) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder (made if missing): (fd, its name)."""
+    folder = os.path.dirname(path)
+    for attempt in range(5):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            return tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=".part")
+        except (FileNotFoundError, FileExistsError):
+            # a delete pruned the folder meanwhile (makedirs saw it exist, then found
+            # no folder there: FileExistsError); make it again
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _LocalWriter(ObjectWriter):
+    """A LocalStore object written ahead: each :meth:`write` lands in a temporary file
+    beside the object and is synced to the disk there (in the caller's thread, a pack
+    upload thread), so that :meth:`commit` only syncs the last piece and renames the
+    file into place."""
+
+    def __init__(self, store: "LocalStore", key: str) -> None:
+        super().__init__(store, key)
+        self._fd: int | None = None
+        self._tmp = self._path = ""
+
+    def _open(self) -> None:
+        store = self.store
+        rel, hashed = store._locate(self.key)
+        if store._layout_version() >= 1:
+            store._mark()
+        self._path = str(store.root / rel)
+        self._fd, self._tmp = _temp_beside(self._path)
+        if hashed:
+            _write_all(self._fd, _header(self.key))
+
+    def write(self, parts: list) -> None:
+        try:
+            if self._fd is None:
+                self._open()
+            for p in parts:
+                _write_all(self._fd, p)
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.abort()
+            raise self.store._error("write", self.key, exc) from None
+
+    def commit(self) -> None:
+        try:
+            if self._fd is None:
+                self._open()
+            os.fsync(self._fd)
+            with self.store._writing(fcntl.LOCK_SH):
+                os.replace(self._tmp, self._path)
+            os.close(self._fd)
+            self._fd = None
+        except OSError as exc:
+            self.abort()
+            raise self.store._error("write", self.key, exc) from None
+
+    def abort(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class LocalStore(Store):
@@ -275,6 +352,9 @@ class LocalStore(Store):
     def put(self, key, data) -> None:
         self.put_parts(key, [data])
 
+    def writer(self, key) -> ObjectWriter:
+        return _LocalWriter(self, key)
+
     def replace(self, key, data, expected: bytes) -> bool:
         try:
             with self._writing(fcntl.LOCK_EX):
@@ -311,17 +391,7 @@ class LocalStore(Store):
             raise self._error("write", key, exc) from None
 
     def _write(self, path: str, parts: list, header: bytes = b"") -> None:
-        folder = os.path.dirname(path)
-        for attempt in range(5):
-            try:
-                os.makedirs(folder, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=".part")
-                break
-            except (FileNotFoundError, FileExistsError):
-                # a delete pruned the folder meanwhile (makedirs saw it exist, then
-                # found no folder there: FileExistsError); make it again
-                if attempt == 4:
-                    raise
+        fd, tmp = _temp_beside(path)
         replace_from_temp(fd, tmp, path, header, *parts)
 
     def delete(self, key) -> None:

@@ -37,15 +37,25 @@ __all__ = ["IngestSession", "PackWriter"]
 UPLOAD_THREADS = 16     # packs put in the store at once, over every session of an owner
 
 
-class _Open:
-    """The pack a lane is filling."""
+#: a pack's blobs are written ahead to the store (Store.writer) in pieces of this size
+#: (at most a quarter of a pack), while the pack fills: at its end only the last piece
+#: is left to write
+WRITE_AHEAD = 8 << 20
 
-    __slots__ = ("parts", "size", "key")
+
+class _Open:
+    """The pack a lane is filling: its blobs, how many of them went to the store ahead
+    (``sent``, ``sent_bytes``), and the last write-ahead task (the next waits for it)."""
+
+    __slots__ = ("parts", "size", "key", "sent", "sent_bytes", "out", "tail")
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
         self.size = 0
         self.key = keys.new_pack_key()
+        self.sent = self.sent_bytes = 0
+        self.out = None                     # its ObjectWriter, from the first piece on
+        self.tail: Future | None = None
 
 
 class PackWriter:
@@ -64,9 +74,10 @@ class PackWriter:
         self.max_uploads = uploads or cfg.max_uploads     # packs written at once
         self.keys: list[str] = []
         self._open: dict[int, _Open] = {}
-        self._uploads: deque[Future] = deque()
+        self._uploads: deque[tuple] = deque()    # (future, its writer, the piece before)
         self._on_pack = on_pack
         self.stored = 0
+        self._ahead = max(1, min(WRITE_AHEAD, cfg.pack_size // 4))
 
     def add(self, blob: bytes, lane: int = 0) -> tuple[str, int]:
         p = self._open.get(lane)
@@ -79,6 +90,8 @@ class PackWriter:
         p.parts.append(blob)
         p.size += len(blob)
         self.stored += len(blob)
+        if p.size - p.sent_bytes >= self._ahead:
+            self._write_ahead(p)
         return p.key, off
 
     def place(self, blob, base: ChunkRef | None, checksum: int, raw: int,
@@ -92,28 +105,49 @@ class PackWriter:
         return ChunkRef(pack, off, len(blob), raw, checksum,
                         base.depth + 1 if base is not None else 0, base)
 
+    def _write_ahead(self, p: _Open) -> None:
+        """Send ``p``'s blobs not yet sent to its store writer, on an upload thread,
+        after the pack's earlier pieces."""
+        if p.out is None:
+            p.out = self.store.writer(p.key)
+        parts, prev, out = p.parts[p.sent:], p.tail, p.out
+        p.sent, p.sent_bytes = len(p.parts), p.size
+
+        def piece():
+            if prev is not None:
+                prev.result()              # pieces in order; a failed one fails the rest
+            out.write(parts)
+        p.tail = self._threads().submit(piece)
+
     def _submit(self, lane: int) -> None:
-        p = self._open.pop(lane, None)
+        p = self._open.get(lane)
         if p is None or not p.parts:
+            self._open.pop(lane, None)
             return
-        key, parts = p.key, p.parts
-        self.keys.append(key)
         while len(self._uploads) >= self.max_uploads:
-            self._uploads.popleft().result()
+            self._uploads.popleft()[0].result()     # a failure: the pack stays open
+        del self._open[lane]
+        key, parts, size = p.key, p.parts, p.size
+        out = p.out if p.out is not None else self.store.writer(key)
+        rest, prev = parts[p.sent:], p.tail
+        self.keys.append(key)
         metrics.uploads_started()
 
         def upload():
             try:
-                if self._on_pack is None:
-                    self.store.put_parts(key, parts)        # no joined copy of the pack
-                else:
-                    data = b"".join(parts)
-                    self.store.put(key, data)
-                    self._on_pack(key, data)
-                saw_pack(self.store, key, sum(memoryview(p).nbytes for p in parts))
+                if prev is not None:
+                    prev.result()
+                out.write(rest)
+                out.commit()
+                if self._on_pack is not None:
+                    self._on_pack(key, b"".join(parts))
+                saw_pack(self.store, key, size)
+            except BaseException:
+                out.abort()
+                raise
             finally:
                 metrics.uploads_finished()
-        self._uploads.append(self._threads().submit(upload))
+        self._uploads.append((self._threads().submit(upload), out, prev))
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pools is not None:
@@ -127,20 +161,37 @@ class PackWriter:
             for lane in list(self._open):
                 self._submit(lane)
             while self._uploads:
-                self._uploads.popleft().result()
+                self._uploads.popleft()[0].result()
         finally:
             self._stop(wait=True)
 
     def abandon(self) -> None:
-        for f in self._uploads:
-            f.cancel()
+        """Stop: nothing more is stored, and what was written ahead of a pack that will
+        not be stored is gone when this returns (it waits for the pieces in flight)."""
+        for f, out, tail in self._uploads:
+            if f.cancel():    # a pack whose upload never starts: its pieces are dropped
+                _drop(out, tail)
         self._uploads.clear()
+        for p in self._open.values():
+            if p.out is not None:
+                _drop(p.out, p.tail)
+        self._open.clear()
         self._stop(wait=False)
 
     def _stop(self, wait: bool) -> None:
         own, self._own = self._own, None
         if own is not None:
             own.shutdown(wait=wait)
+
+
+def _drop(out, after: Future | None) -> None:
+    """Abort ``out`` once its pieces in flight (``after``) are done."""
+    if after is not None:
+        try:
+            after.result()
+        except BaseException:
+            pass
+    out.abort()
 
 
 @dataclass

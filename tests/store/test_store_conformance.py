@@ -15,6 +15,7 @@ import pytest
 from s4fs.errors import InvalidArgument, NotFound, S4Error, StoreUnavailable
 from s4fs.stores import LocalStore, Store
 from s4fs.stores.faulty import FailingStore
+from s4fs.stores.local import TMP_PREFIX
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3), "faulty-local"])
@@ -104,6 +105,61 @@ def test_empty_object(store):
     assert store.get("empty", 5, None) == b""
     assert store.head("empty").size == 0
     assert [(o.key, o.size) for o in store.list()] == [("empty", 0)]
+
+
+# --- an object written piece by piece (a pack as it fills) -------------------------
+
+def test_writer_stores_nothing_until_commit_then_every_piece(store):
+    pieces = [DATA[:1], DATA[1:4096], b"", bytearray(DATA[4096:9000]),
+              memoryview(DATA)[9000:]]
+    w = store.writer("packs/p1")
+    for k in range(0, len(pieces), 2):
+        w.write(pieces[k:k + 2])
+        assert keys(store, "packs") == [], "a piece is visible before the commit"
+        with pytest.raises(NotFound):
+            store.get("packs/p1")
+    w.commit()
+    assert store.get("packs/p1") == DATA and store.head("packs/p1").size == len(DATA)
+    assert keys(store) == ["packs/p1"]
+
+
+def test_writer_of_nothing_and_writer_over_an_object(store):
+    w = store.writer("empty")
+    w.commit()
+    assert store.get("empty") == b""
+    store.put("obj", b"old bytes")
+    w = store.writer("obj")
+    w.write([DATA[:100]])
+    assert store.get("obj") == b"old bytes"        # the old object until the commit
+    w.write([DATA[100:]])
+    w.commit()
+    assert store.get("obj") == DATA
+
+
+def test_an_aborted_writer_leaves_nothing(store, tmp_path):
+    store.put("kept", b"x")
+    w = store.writer("deep/folder/gone")
+    w.write([DATA])
+    w.abort()
+    w.abort()                                      # twice: no error
+    assert keys(store) == ["kept"]
+    with pytest.raises(NotFound):
+        store.get("deep/folder/gone")
+    # nothing left on disk either (no temporary file of a LocalStore)
+    left = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and
+            p.name.startswith(TMP_PREFIX)]
+    assert left == []
+
+
+def test_writers_side_by_side(store):
+    ws = {f"p{k}": store.writer(f"packs/p{k}") for k in range(4)}
+    for k, w in enumerate(ws.values()):
+        w.write([bytes([k]) * 1000])
+    for k, w in enumerate(ws.values()):
+        w.write([DATA])
+        w.commit()
+    for k, key in enumerate(ws):
+        assert store.get(f"packs/{key}") == bytes([k]) * 1000 + DATA
 
 
 def test_overwrite_replaces(store):
