@@ -178,7 +178,8 @@ def run_series(checkpoints, work: str) -> tuple[list[dict], dict]:
 
 HEADER = ["series", "ckpts", "backward %", "fwd unbounded %", "deltas off %", "ZipNN %",
           "backward ÷ off", "backward ÷ unbounded", "upload/save MiB (bwd / off)",
-          "save blocks s (bwd / off)", "newest fresh read s (bwd / off)",
+          "save blocks s (bwd / off; bwd ÷ off, median of the pairs)",
+          "newest fresh read s (bwd / off)",
           "oldest fresh read s (bwd / unb / off)"]
 FAMILY_HEADER = ["series", "family", "backward %", "fwd unbounded %", "deltas off %",
                  "ZipNN %"]
@@ -204,7 +205,10 @@ def summarize(label: str, rows: list[dict], totals: dict) -> tuple[list, list]:
            f"{med([r['backward_upload'] for r in later]) / mib:.0f} / "
            f"{med([r['off_upload'] for r in later]) / mib:.0f}",
            f"{med([r['backward_blocked'] for r in later]):.2f} / "
-           f"{med([r['off_blocked'] for r in later]):.2f}",
+           f"{med([r['off_blocked'] for r in later]):.2f}; "
+           # each checkpoint saved into both stores one after the other: the pair
+           # shares the box's state of the moment, which moves by +-50 % on this box
+           f"{med([r['backward_blocked'] / r['off_blocked'] for r in later]):.2f}x",
            f"{totals['backward']['newest']:.2f} / {totals['off']['newest']:.2f}",
            f"{totals['backward']['oldest']:.2f} / {totals['unbounded']['oldest']:.2f}"
            f" / {totals['off']['oldest']:.2f}"]
