@@ -265,7 +265,13 @@ class Vfs:
                 raise
             if bid:
                 # the kernel reads the file's spool or local copy itself (no page cache
-                # of the mount's own beside it)
+                # of the mount's own beside it) — and leaves the inode's pages as they
+                # are, where an open through requests without keep_cache drops them.
+                # Another descriptor (through requests, or an mmap) may hold pages of
+                # the version before: dropped here, attributes with them, before this
+                # open returns, as that open would have the kernel do
+                if not handle.keep_cache:
+                    await trio.to_thread.run_sync(self._forget_pages, inode)
                 return self._opened(handle, inode, bid)
             if not handle.keep_cache:
                 # the kernel's cached attributes may be another version's (another
@@ -362,6 +368,12 @@ class Vfs:
             self.port.invalidate_inode(inode, attr_only=True)
         except OSError as exc:            # not known to the kernel (yet)
             log.debug("invalidating the attributes of inode %d: %s", inode, exc)
+
+    def _forget_pages(self, inode: int) -> None:
+        try:
+            self.port.invalidate_inode(inode, attr_only=False)
+        except OSError as exc:            # not known to the kernel (yet)
+            log.debug("invalidating inode %d: %s", inode, exc)
 
     def _invalidate(self, node, gone: bool) -> None:
         """The core says the kernel's pages of ``node`` may not be its bytes: drop

@@ -323,6 +323,39 @@ def test_another_mounts_commit_is_read_whole_with_attributes_asked_again(site):
     trio.run(main)
 
 
+def test_a_passthrough_open_of_another_mounts_commit_drops_the_old_pages_first(site):
+    """The kernel holds pages of the old version (saved through requests), and a
+    descriptor holds the old version's local copy through passthrough; another mount
+    commits a new version; the next open here brings the held copy to it in place. The
+    kernel drops an inode's pages at an open through requests without keep_cache, not at
+    a passthrough open: the core drops them (and the attributes) before that open
+    returns — a later open through requests is told to keep the cache, and would
+    otherwise read the old version's pages beside the new ones."""
+    k, other = site(passthrough=True), site()
+    old, new = data("old", 2 * MiB), data("new", MiB + 3)
+
+    async def main():
+        k.vfs.passthrough.enabled = False           # pages of the old version
+        await k.save("shared.pt", old)
+        k.vfs.passthrough.enabled = True
+        held, inode = await k.open("shared.pt", os.O_RDONLY)
+        assert held.backing_id and await k.read(held, len(old)) == old
+        await other.save("shared.pt", new)
+        k.port.calls.clear()
+        opened, _ = await k.open("shared.pt", os.O_RDONLY)
+        assert opened.backing_id == held.backing_id     # the kernel's one file for it
+        assert k.port.named("invalidate_inode") == [("invalidate_inode", inode, False)]
+        assert await k.read(opened, len(new) + 10) == new
+        assert await k.read(held, len(new) + 10) == new
+        await k.vfs.release(opened.fh)
+        await k.vfs.release(held.fh)
+        k.vfs.passthrough.enabled = False
+        again, _ = await k.open("shared.pt", os.O_RDONLY)
+        assert again.keep_cache and await k.read(again, len(new) + 10) == new
+        await k.vfs.release(again.fh)
+    trio.run(main)
+
+
 # --- the passthrough policy ------------------------------------------------------------
 
 def test_a_save_through_passthrough_is_the_spool_the_kernel_writes(site):
@@ -357,8 +390,12 @@ def test_readers_of_a_local_copy_share_one_backing_file_until_the_last_close(sit
         await k.vfs.release(r1.fh)
         assert k.port.named("close_backing") == []
         await k.vfs.release(r2.fh)
-        assert k.port.calls == [("open_backing", r1.backing_id),
-                                ("close_backing", r1.backing_id)]
+        backing = [c for c in k.port.calls if c[0] != "invalidate_inode"]
+        assert backing == [("open_backing", r1.backing_id),
+                           ("close_backing", r1.backing_id)]
+        # the kernel's pages of the inode are dropped once, at the first open (the save
+        # went through passthrough: which pages the kernel holds is not known)
+        assert len(k.port.named("invalidate_inode")) == 1
     trio.run(main)
 
 
