@@ -353,6 +353,10 @@ class LocalStore(Store):
         self.put_parts(key, [data])
 
     def writer(self, key) -> ObjectWriter:
+        if getattr(self.put_parts, "__func__", None) is not LocalStore.put_parts:
+            # put_parts replaced (a subclass's, or a test's on this store): objects
+            # land through it, at the commit
+            return ObjectWriter(self, key)
         return _LocalWriter(self, key)
 
     def replace(self, key, data, expected: bytes) -> bool:
