@@ -166,11 +166,15 @@ class PackWriter:
             self._stop(wait=True)
 
     def abandon(self) -> None:
-        """Stop: nothing more is stored, and what was written ahead of a pack that will
-        not be stored is gone when this returns (it waits for the pieces in flight)."""
+        """Stop: nothing more is stored, and nothing of this writer is being written
+        when this returns — a pack whose upload never started is dropped with what was
+        written ahead of it, one being uploaded ends first (stored whole, for the
+        collector, or dropped)."""
         for f, out, tail in self._uploads:
             if f.cancel():    # a pack whose upload never starts: its pieces are dropped
                 _drop(out, tail)
+            else:
+                _drop(None, f)
         self._uploads.clear()
         for p in self._open.values():
             if p.out is not None:
@@ -185,13 +189,14 @@ class PackWriter:
 
 
 def _drop(out, after: Future | None) -> None:
-    """Abort ``out`` once its pieces in flight (``after``) are done."""
+    """Abort ``out`` (None: nothing) once its pieces in flight (``after``) are done."""
     if after is not None:
         try:
             after.result()
         except BaseException:
             pass
-    out.abort()
+    if out is not None:
+        out.abort()
 
 
 @dataclass
