@@ -50,7 +50,8 @@ unchanged, and goes on training. Modes (``--modes``, all by default):
 An async mode waits for its previous save before the next one (counted as blocked), as
 a training script must. Background work left at the end (an async save, a writeback
 mount's commits) is drained after the run and reported as "drain"; stored bytes are what
-the store holds over what ``torch.save`` wrote. Every mode trains the same steps from the
+the store holds, once the collector ran (``s4fs gc --grace 0``), over what ``torch.save``
+wrote. Every mode trains the same steps from the
 same state (each starts from a copy), so run times compare. "Training slowed" is the
 run's time outside its saves minus the same for ``none``: what the saves left behind
 cost the training after them (a local save without sync leaves gigabytes of dirty pages
@@ -238,7 +239,10 @@ class Mode:
             s4fs_cli("sync", self.mountpoint)
 
     def stored(self) -> int | None:
+        """What the store holds once the collector ran (after :meth:`drain`, nothing in
+        flight): backward deltas leave the packs they free to the collector."""
         if self.name.startswith(("s4fs", "mount")) and os.path.isdir(self.store):
+            s4fs_cli("gc", "--grace", "0", "-q", self.store)
             return du(self.store)
         return None
 
