@@ -35,6 +35,11 @@
 #   selftest  the image build's gate, `s4fs selftest --device cuda --mount
 #           --require-passthrough` (the patched pyfuse3 from the kit), then its mount
 #           check again with the mount coding on the GPU (--device cuda)          (300 s)
+#   binding   each way of building the passthrough binding, then the gate's mount check
+#           through it: `s4fs build-passthrough` with libfuse from source (offline:
+#           the tarball and meson/ninja/wheel from .offline-kit/build-whl/), again against
+#           that libfuse as a "system" one (pkg-config), and its wheel installed into a
+#           fresh folder without network or compiler, the build's folder moved away  (500 s)
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
@@ -49,7 +54,7 @@
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
 set -u
-suites="tests codec save mount fill ingest delta train-loop multi-gpu selftest"
+suites="tests codec save mount fill ingest delta train-loop multi-gpu selftest binding"
 usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
@@ -168,7 +173,30 @@ for suite in "$@"; do
         PYTHONPATH=$pp run 100 python3 -m s4fs.cli selftest --device cuda --random-size 1000 \
             --mount --require-passthrough --mount-mib 64 --mount-arg=--device=cuda
         ;;
+    binding)
+        bw=$R/.offline-kit/build-whl
+        gate() {   # gate SITE: the mount check through the pyfuse3 installed in SITE
+            PYTHONPATH=$1:$PYTHONPATH run 150 python3 -c \
+                "import pyfuse3; print('pyfuse3 from', pyfuse3.__file__)"
+            PYTHONPATH=$1:$PYTHONPATH run 150 python3 -m s4fs.cli selftest --device cuda \
+                --random-size 1000 --mount --require-passthrough --mount-mib 64 "${@:2}"
+        }
+        (   # offline: pip finds pyfuse3's sdist, Cython, meson, ninja in the kit
+            export PIP_NO_INDEX=1 PIP_FIND_LINKS="$R/.offline-kit/whl $bw"
+            export S4FS_LIBFUSE_TARBALL=$bw/fuse3_3.18.3.orig.tar.gz
+            rm -rf /tmp/pt-src /tmp/pt-sys /tmp/pt-wheel /tmp/pt-moved
+            run 200 python3 -m s4fs.cli build-passthrough --dest /tmp/pt-src --no-install
+            gate /tmp/pt-src/site
+            PKG_CONFIG_PATH=/tmp/pt-src/libfuse/lib/pkgconfig \
+                run 150 python3 -m s4fs.cli build-passthrough --dest /tmp/pt-sys --no-install
+            gate /tmp/pt-sys/site --mount-arg=--device=cuda
+            mv /tmp/pt-src /tmp/pt-moved          # the wheel needs nothing of its build
+            run 60 python3 -m pip install -q --no-index --no-deps --target /tmp/pt-wheel \
+                /tmp/pt-moved/wheel/pyfuse3-*.whl
+            gate /tmp/pt-wheel
+        )
+        ;;
     esac
 done
-grep -E "^(===|###|\||#|[0-9]+ (passed|failed)|FAILED|ERROR|gpu |mount selftest|how the bytes|[0-9]+/[0-9]+ round trips)" \
+grep -E "^(===|###|\||#|[0-9]+ (passed|failed)|FAILED|ERROR|gpu |mount selftest|how the bytes|pyfuse3 from|built |s4fs: |libfuse: |[0-9]+/[0-9]+ round trips)" \
     "$LOG" | tail -"${TAIL:-80}"

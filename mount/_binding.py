@@ -96,7 +96,10 @@ def kernel_lacks_passthrough(release: str | None = None) -> bool:
 
 
 def missing_tools() -> list[str]:
-    return [t for t in TOOLS if shutil.which(t) is None]
+    """The build's tools not on PATH; curl only where the script would fetch libfuse's
+    source itself (S4FS_LIBFUSE_TARBALL hands an offline machine the tarball)."""
+    tools = [t for t in TOOLS if t != "curl" or not os.environ.get("S4FS_LIBFUSE_TARBALL")]
+    return [t for t in tools if shutil.which(t) is None]
 
 
 def build_passthrough(dest: str | None = None, *, python: str = sys.executable,

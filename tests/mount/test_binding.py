@@ -42,6 +42,23 @@ def test_without_its_tools_the_build_says_what_to_install_and_changes_nothing(tm
     assert not dest.exists() or not any(dest.iterdir())
 
 
+def test_an_offline_build_handed_the_libfuse_tarball_does_not_ask_for_curl(tmp_path,
+                                                                         monkeypatch):
+    """With S4FS_LIBFUSE_TARBALL the script fetches nothing with curl (pip finds
+    pyfuse3's sdist through its own settings, e.g. PIP_FIND_LINKS): a machine without
+    curl is not refused for it; without the tarball it is."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in _binding.TOOLS:
+        if tool != "curl" and shutil.which(tool):
+            os.symlink(shutil.which(tool), bare / tool)
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.delenv("S4FS_LIBFUSE_TARBALL", raising=False)
+    assert "curl" in _binding.missing_tools()
+    monkeypatch.setenv("S4FS_LIBFUSE_TARBALL", str(tmp_path / "fuse3_3.18.3.orig.tar.gz"))
+    assert "curl" not in _binding.missing_tools()
+
+
 def _make_test_build() -> str:
     """The build `make test` made (S4FS_PYFUSE3_PASSTHROUGH is its site folder)."""
     site = os.environ.get("S4FS_PYFUSE3_PASSTHROUGH")
