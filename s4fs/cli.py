@@ -48,6 +48,7 @@ def _fs_config(args):
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     code_while_written=bool(getattr(args, "code_while_written", False)),
+                    stream_cold_reads=bool(getattr(args, "stream_cold_reads", False)),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
 
 

@@ -38,6 +38,10 @@ class FsConfig:
     # training loop docs/BENCHMARKS.md records it blocks the loop less, with the same
     # drain (the coding fits in the gap between checkpoints)
     code_while_written: bool = False
+    # under FUSE passthrough, a read open of a file with no local copy: False waits
+    # until it is decoded whole onto local disk, then the kernel reads that copy (no
+    # read goes through the daemon); True reads it through the daemon as it is decoded
+    stream_cold_reads: bool = False
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None

@@ -154,6 +154,15 @@ OPTIONS: tuple[Option, ...] = (
                 "off; default a quarter of the cache disk's free space, <= 64G)",
            doc="local copies kept (e.g. 20G; default a quarter of the free space, at most "
                "64G; 0: off)"),
+    Option("stream_cold_reads", ("--stream-cold-reads",), "stream_cold_reads",
+           section="cache",
+           help="under FUSE passthrough, read a file that has no local copy yet "
+                "through the daemon while it is decoded (the first bytes sooner), "
+                "instead of its open waiting until it is decoded onto local disk and "
+                "the kernel reading that copy (the whole file sooner, as torch.load "
+                "reads it); for tools that read a little of many large files",
+           doc="under passthrough, read a cold file while it is decoded instead of "
+               "waiting at its open for the whole copy"),
     Option("workers", ("--workers",), "workers", section="coding", type=int,
            help="coding worker processes (default: one per core; 0: code in the "
                 "daemon's own threads)"),

@@ -126,6 +126,8 @@ class Fill:
         self._on_done = on_done
         self._started = time.monotonic()
         self._first: float | None = None       # when the first batch landed
+        self._over = False                      # _finish is done: ``ok`` says how
+        self.ok = False
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, m.size)
@@ -247,6 +249,17 @@ class Fill:
             fd, self.fd = self.fd, -1
         os.close(fd)
         self._on_done(self, ok)
+        with self._cond:
+            self._over, self.ok = True, ok
+            self._cond.notify_all()
+
+    def wait_whole(self) -> bool:
+        """Block until the fill is over: True when the copy is whole, checked against
+        the whole-file hash and the decoded cache's entry; False when it failed."""
+        with self._cond:
+            while not self._over:
+                self._cond.wait()
+            return self.ok
 
     def _hash_ok(self) -> bool:
         if not self.m.xxh128:

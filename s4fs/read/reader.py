@@ -598,6 +598,19 @@ class ReadHandle:
         self.nbytes += n
         return buf
 
+    def decode_whole(self) -> bool:
+        """A cold file decoded ahead whole now, and waited for: True when its copy is
+        then whole in the decoded cache (an open from now on reads it on local disk);
+        False where it is not decoded ahead (too small, larger than the cache, no
+        pool) or the decode failed — this handle then reads as it would have."""
+        if self._reader is None:
+            return False
+        self._start_fill(0)
+        fill = self._fill
+        if self._fd is None:
+            return False
+        return fill is None or fill.wait_whole()      # None: the copy was whole already
+
     def _start_fill(self, offset: int) -> None:
         """The first read of a cold file: decode it ahead, from that read's batch on. A
         checkpoint is read whole, and waiting for torch.load's pattern (the zip

@@ -253,35 +253,77 @@ class Vfs:
 
     # --- files -------------------------------------------------------------------------
 
-    @_namespace("shared")
     async def open(self, inode: int, flags: int) -> Opened:
-        path = self.tables.path(inode)
-        if flags & os.O_ACCMODE == os.O_RDONLY:
-            handle = await self.run(self.fs.open_read, path)
-            try:
-                bid = self.passthrough.for_read(inode, handle)   # counts the open too
-            except BaseException:
-                handle.release()
-                raise
-            if bid:
-                # the kernel reads the file's spool or local copy itself (no page cache
-                # of the mount's own beside it) — and leaves the inode's pages as they
-                # are, where an open through requests without keep_cache drops them.
-                # Another descriptor (through requests, or an mmap) may hold pages of
-                # the version before: dropped here, attributes with them, before this
-                # open returns, as that open would have the kernel do
-                if not handle.keep_cache:
-                    await trio.to_thread.run_sync(self._forget_pages, inode)
-                return self._opened(handle, inode, bid)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            return await self._open_write(inode, flags)
+        async with self.ns.shared():
+            handle = await self.run(self.fs.open_read, self.tables.path(inode))
+            if not self.passthrough.wants_whole_copy(inode, handle):
+                return await self._open_read(inode, handle)
+        # a cold file, decoded whole onto local disk before the kernel reads that copy:
+        # outside the namespace lock (seconds for a large file), so a rename or unlink
+        # elsewhere on the mount, and the requests queued behind it, do not wait for it
+        try:
+            whole = await self.run(handle.decode_whole)
+        except BaseException:
+            handle.release()
+            raise
+        async with self.ns.shared():
+            if whole:
+                handle = await self.run(self._reopened, inode, handle)
+            return await self._open_read(inode, handle)
+
+    async def _open_read(self, inode: int, handle) -> Opened:
+        """(Under the namespace lock.) The read open ``handle`` handed to the kernel:
+        through passthrough where the policy says so, else through requests."""
+        try:
+            bid = self.passthrough.for_read(inode, handle)   # counts the open too
+        except BaseException:
+            handle.release()
+            raise
+        if bid:
+            # the kernel reads the file's spool or local copy itself (no page cache
+            # of the mount's own beside it) — and leaves the inode's pages as they
+            # are, where an open through requests without keep_cache drops them.
+            # Another descriptor (through requests, or an mmap) may hold pages of
+            # the version before: dropped here, attributes with them, before this
+            # open returns, as that open would have the kernel do
             if not handle.keep_cache:
-                # the kernel's cached attributes may be another version's (another
-                # mount's commit, seen by this open first): it asks again before use
-                await trio.to_thread.run_sync(self._forget_attributes, inode)
-            # the core says whether the kernel's pages are the version this open reads
-            return Opened(self.tables.new_fh(handle, inode), keep_cache=handle.keep_cache)
+                await trio.to_thread.run_sync(self._forget_pages, inode)
+            return self._opened(handle, inode, bid)
+        if not handle.keep_cache:
+            # the kernel's cached attributes may be another version's (another
+            # mount's commit, seen by this open first): it asks again before use
+            await trio.to_thread.run_sync(self._forget_attributes, inode)
+        # the core says whether the kernel's pages are the version this open reads
+        return Opened(self.tables.new_fh(handle, inode), keep_cache=handle.keep_cache)
+
+    def _reopened(self, inode: int, handle):
+        """(A worker thread, under the namespace lock.) ``inode``'s file opened again
+        once ``handle``'s version is whole on local disk, to read that copy — where the
+        inode is still that file (not unlinked or renamed over meanwhile); else
+        ``handle`` itself, which reads the version it opened as before."""
+        try:
+            again = self.fs.open_read(self.tables.path(inode))
+        except NotFound:
+            return handle
+        except BaseException:
+            handle.release()
+            raise
+        if again.node is not handle.node:
+            again.release()
+            return handle
+        # the kernel was never told about the first open: its verdict on the inode's
+        # pages (drop them) must reach it through this one
+        again.keep_cache = again.keep_cache and handle.keep_cache
+        handle.release()
+        return again
+
+    @_namespace("shared")
+    async def _open_write(self, inode: int, flags: int) -> Opened:
         # create=True: the kernel may still hold an entry for a file whose first save
         # failed (never committed); opening it for writing starts it afresh
-        handle = await self.run(self.fs.open_write, path,
+        handle = await self.run(self.fs.open_write, self.tables.path(inode),
                                 truncate=bool(flags & os.O_TRUNC), create=True)
         bid = await self.run(self.passthrough.for_write, inode, handle)   # counts it
         return self._opened(handle, inode, bid)

@@ -68,6 +68,8 @@ class Passthrough:
         self.port = port
         self.enabled = False
         self.optional = False
+        # a cold file's read open waits for its whole local copy (FsConfig)
+        self.whole_cold = not fs.cfg.stream_cold_reads
         self.on_refused = on_refused           # called with why, when turned off
         self._backing: dict[int, Backing] = {}                  # inode -> its backing
 
@@ -121,6 +123,20 @@ class Passthrough:
             log.info("%s: written through FUSE passthrough (backing id %d)", handle.path,
                      bid)
         return bid
+
+    def wants_whole_copy(self, inode: int, handle) -> bool:
+        """Whether a read open of a cold file should wait for the file to be decoded
+        whole onto local disk, so that the kernel reads it through passthrough: a
+        committed version with no local copy yet, on an inode that no open holds (one
+        through the page cache would keep this open off passthrough; a backing file
+        already serves it). The file is decoded ahead whole at its first read anyway
+        (s4fs.read.fill); waiting at the open instead lets every read bypass the daemon,
+        which on a fresh node costs more than the decode (docs/ARCHITECTURE.md)."""
+        if not (self.enabled and self.whole_cold) or handle.version is None or \
+                handle.local_file() is not None:
+            return False
+        with self.tables.lock:
+            return inode not in self._backing and not self.tables.opens_locked(inode)
 
     def for_read(self, inode: int, handle) -> int:
         """A read open of ``inode``, counted as open: the backing id the kernel reads it

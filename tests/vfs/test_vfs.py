@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from disk_helpers import stored_file
+from s4fs.coding import IngestConfig
 from s4fs.errors import Busy, InvalidArgument, NotFound, S4Error, StoreUnavailable
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.stores.faulty import FailingStore
@@ -28,6 +29,7 @@ from s4fs.vfs import ROOT_INODE, KernelPort, Vfs
 
 MiB = 1 << 20
 PIECE = 100003                  # unaligned, as torch.save's writes are
+AHEAD = IngestConfig(processes=True, workers=1)   # a mount's: cold files decoded ahead
 
 
 def data(seed: str, n: int) -> bytes:
@@ -396,6 +398,92 @@ def test_readers_of_a_local_copy_share_one_backing_file_until_the_last_close(sit
         # the kernel's pages of the inode are dropped once, at the first open (the save
         # went through passthrough: which pages the kernel holds is not known)
         assert len(k.port.named("invalidate_inode")) == 1
+    trio.run(main)
+
+
+def test_a_fresh_nodes_open_of_a_cold_file_passes_its_decoded_copy_through(site):
+    """A fresh node (empty cache) opens a file another mount saved: the open waits for
+    the file to be decoded whole onto local disk, then hands the kernel that copy, so
+    no read goes through the daemon; every byte the kernel reads there is the file's,
+    and the kernel is told to drop whatever pages it had of the inode."""
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    payload = data("cold", 12 * MiB + 5)           # decoded ahead: 8 MiB or more
+
+    async def main():
+        await k.save("cold.pt", payload)
+        opened, inode = await fresh.open("cold.pt", os.O_RDONLY)
+        assert opened.backing_id and not opened.keep_cache
+        assert ("invalidate_inode", inode, False) in fresh.port.calls
+        assert await fresh.read(opened, len(payload) + 10) == payload
+        await fresh.vfs.release(opened.fh)
+        # the copy is the decoded cache's now: the next open reads it at once
+        again, _ = await fresh.open("cold.pt", os.O_RDONLY)
+        assert again.backing_id and await fresh.read(again, 64, len(payload) - 64) == \
+            payload[-64:]
+        await fresh.vfs.release(again.fh)
+    trio.run(main)
+
+
+def test_a_cold_open_waits_for_its_copy_without_holding_the_namespace(site, monkeypatch):
+    """While a cold open waits for its file's decode, renames on the mount go through
+    at once — of another file, and of that very file; the open then reads the file
+    under its new name, through passthrough, every byte exact."""
+    from s4fs.read.fill import Fill
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    payload = data("cold", 9 * MiB)
+    renamed = []
+    wait_whole = Fill.wait_whole
+
+    def renaming_first(fill):
+        async def rename():
+            with trio.fail_after(20):          # held up behind the open: it never ends
+                await fresh.vfs.rename(ROOT_INODE, "other.pt", ROOT_INODE, "other2.pt")
+                await fresh.vfs.rename(ROOT_INODE, "cold.pt", ROOT_INODE, "moved.pt")
+        trio.from_thread.run(rename)
+        renamed.append(True)
+        return wait_whole(fill)
+    monkeypatch.setattr(Fill, "wait_whole", renaming_first)
+
+    async def main():
+        await k.save("cold.pt", payload)
+        await k.save("other.pt", b"other")
+        opened, inode = await fresh.open("cold.pt", os.O_RDONLY)
+        assert renamed and opened.backing_id
+        assert await fresh.read(opened, len(payload) + 1) == payload
+        assert (await fresh.vfs.lookup(ROOT_INODE, "moved.pt")).inode == inode
+        await fresh.vfs.release(opened.fh)
+    trio.run(main)
+
+
+def test_a_cold_open_that_cannot_be_passed_through_does_not_wait(site):
+    """Where the open would not be passed through anyway (the inode held open through
+    the page cache; passthrough's whole-copy wait turned off) or the file is not
+    decoded ahead (under 8 MiB), a cold open returns at once and reads through the
+    daemon, every byte exact. ``s4fs mount --stream-cold-reads`` turns the wait off."""
+    from s4fs.cli import _fs_config, build_parser
+    args = build_parser().parse_args(["mount", "st", "mp", "--stream-cold-reads"])
+    assert _fs_config(args).stream_cold_reads
+    streams = site(passthrough=True, ingest=AHEAD, stream_cold_reads=True)
+    assert not streams.vfs.passthrough.whole_cold
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    big, small = data("big", 9 * MiB), data("small", MiB)
+
+    async def main():
+        await k.save("big.pt", big)
+        await k.save("small.pt", small)
+        opened, _ = await fresh.open("small.pt", os.O_RDONLY)
+        assert not opened.backing_id and await fresh.read(opened, len(small)) == small
+        await fresh.vfs.release(opened.fh)
+        fresh.vfs.passthrough.whole_cold = False
+        held, _ = await fresh.open("big.pt", os.O_RDONLY)      # through requests
+        assert not held.backing_id
+        fresh.vfs.passthrough.whole_cold = True
+        opened, _ = await fresh.open("big.pt", os.O_RDONLY)
+        assert not opened.backing_id                 # the page cache holds the inode
+        assert await fresh.read(opened, len(big)) == big
+        assert await fresh.read(held, len(big)) == big
+        await fresh.vfs.release(opened.fh)
+        await fresh.vfs.release(held.fh)
     trio.run(main)
 
 
