@@ -109,6 +109,10 @@ class _Ranges:
         i = bisect.bisect_right(self.lo, lo) - 1
         return i >= 0 and self.hi[i] >= hi
 
+    def prefix(self) -> int:
+        """The end of the filled run that starts at 0 (0: none)."""
+        return self.hi[0] if self.lo and self.lo[0] == 0 else 0
+
 
 class Fill:
     """One version being decoded into the decoded cache (shared by its readers)."""
@@ -128,6 +132,10 @@ class Fill:
         self._first: float | None = None       # when the first batch landed
         self._over = False                      # _finish is done: ``ok`` says how
         self.ok = False
+        # the whole-file hash, taken over the copy's filled prefix as it grows
+        self._hash = xxhash.xxh3_128() if m.xxh128 else None
+        self._hashed = 0
+        self._hasher: threading.Thread | None = None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, m.size)
@@ -145,6 +153,10 @@ class Fill:
         if not self.batches:
             self._finish()
             return
+        if self._hash is not None:
+            self._hasher = threading.Thread(target=self._follow, daemon=True,
+                                            name="s4fs-fill-hash")
+            self._hasher.start()
         if fetcher is None:
             for k in range(len(self.batches)):
                 self._decode(k, None)
@@ -229,10 +241,37 @@ class Fill:
                 self._cond.wait()
             return True
 
+    def _follow(self) -> None:
+        """Hash the copy's filled prefix as it grows (batches land about in file
+        order), so that the whole-file check, which a reader waiting for the whole
+        copy waits for, has little left to read once the last batch is in. Batches
+        are disjoint and a batch's bytes are all written when it is accounted, so the
+        bytes hashed are the copy's final bytes."""
+        pos, size = 0, self.m.size
+        try:
+            while pos < size:
+                with self._cond:
+                    while (end := self._done.prefix()) <= pos:
+                        if self.failed is not None or self._left == 0:
+                            return
+                        self._cond.wait()
+                while pos < end:
+                    data = os.pread(self.fd, min(16 << 20, end - pos), pos)
+                    if not data:
+                        return
+                    self._hash.update(data)
+                    pos += len(data)
+        except OSError as exc:          # the check at the end reads the copy again
+            log.warning("hashing the copy of %s as it filled: %s", self.m.id, exc)
+        finally:
+            self._hashed = pos
+
     def _finish(self) -> None:
         """Every batch is in: check the whole copy, then hand it to the decoded cache."""
         if self.fetch is not None:
             self.fetch.close()
+        if self._hasher is not None:        # done with the copy before it is closed
+            self._hasher.join()
         ok = self.failed is None and self._hash_ok()
         if ok and self._batches:
             log.info("decoded %s ahead: %d batches, %.1f MiB in %.2f s (the first landed "
@@ -264,14 +303,17 @@ class Fill:
     def _hash_ok(self) -> bool:
         if not self.m.xxh128:
             return True
-        h = xxhash.xxh3_128()
-        pos = 0
-        while pos < self.m.size:
-            data = os.pread(self.fd, min(16 << 20, self.m.size - pos), pos)
-            if not data:
-                break
-            h.update(data)
-            pos += len(data)
+        if self._hashed == self.m.size:
+            h, pos = self._hash, self._hashed
+        else:                           # not followed to the end: the copy read again
+            h = xxhash.xxh3_128()
+            pos = 0
+            while pos < self.m.size:
+                data = os.pread(self.fd, min(16 << 20, self.m.size - pos), pos)
+                if not data:
+                    break
+                h.update(data)
+                pos += len(data)
         if pos == self.m.size and h.hexdigest() == self.m.xxh128:
             return True
         log.error("the copy of %s decoded ahead does not match its whole-file hash; it "

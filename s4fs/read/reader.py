@@ -609,7 +609,13 @@ class ReadHandle:
         fill = self._fill
         if self._fd is None:
             return False
-        return fill is None or fill.wait_whole()      # None: the copy was whole already
+        if fill is None or fill.wait_whole():         # None: the copy was whole already
+            return True
+        with self._fill_lock:       # failed (a batch, or the whole-file check): nothing
+            if self._fill is fill:  # of that copy is read, it decodes here instead
+                self._dead_fds.append(self._fd)
+                self._fd, self._fill = None, None
+        return False
 
     def _start_fill(self, offset: int) -> None:
         """The first read of a cold file: decode it ahead, from that read's batch on. A

@@ -518,6 +518,34 @@ def saved_then_cold(tmp_path, **ingest):
     return data, cold_fs(tmp_path)
 
 
+def test_a_wrong_byte_in_the_filled_copy_is_refused_by_the_whole_file_hash(tmp_path,
+                                                                           monkeypatch):
+    """Every chunk passes its own check, yet the copy holds a wrong byte (what a bug
+    placing bytes would leave): the whole-file hash, taken as the copy fills, refuses
+    it. The copy never becomes the version's local copy, and the reader gets an error,
+    never the wrong bytes; a reader after it gets the right ones."""
+    from s4fs.errors import ChecksumError
+    from s4fs.read.fill import Fill
+    landed = Fill._landed
+
+    def one_byte_off(fill, fut, k):
+        if k == len(fill.batches) // 2:
+            lo = fill._ranges(k)[0][0] + 5
+            os.pwrite(fill.fd, bytes([os.pread(fill.fd, 1, lo)[0] ^ 0x10]), lo)
+        return landed(fill, fut, k)
+    monkeypatch.setattr(Fill, "_landed", one_byte_off)
+    data, other = saved_then_cold(tmp_path)
+    try:
+        m = other.manifest("ckpt.pt")
+        load_fails_with(other, ChecksumError)
+        time.sleep(0.5)
+        assert other.decoded.path_of(m.id) is None
+        monkeypatch.setattr(Fill, "_landed", landed)
+        read_cold_then_wait_for_the_copy(other, m, data)
+    finally:
+        other.close()
+
+
 def test_decode_ahead_with_readers_on_many_threads(tmp_path):
     """FUSE reads one handle from several threads: all of them wait on one fill and get
     exact bytes."""

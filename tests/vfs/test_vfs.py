@@ -424,6 +424,31 @@ def test_a_fresh_nodes_open_of_a_cold_file_passes_its_decoded_copy_through(site)
     trio.run(main)
 
 
+def test_a_cold_copy_that_fails_its_check_is_not_passed_through(site, monkeypatch):
+    """The copy the open waited for holds a wrong byte (every chunk passed its own
+    check; the whole-file hash did not): the kernel is not handed it, and the reads
+    through the daemon decode the right bytes from the store."""
+    from s4fs.read.fill import Fill
+    landed = Fill._landed
+
+    def one_byte_off(fill, fut, k):
+        if k == 0:
+            lo = fill._ranges(k)[0][0] + 3
+            os.pwrite(fill.fd, bytes([os.pread(fill.fd, 1, lo)[0] ^ 1]), lo)
+        return landed(fill, fut, k)
+    monkeypatch.setattr(Fill, "_landed", one_byte_off)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    payload = data("cold", 9 * MiB)
+
+    async def main():
+        await k.save("cold.pt", payload)
+        opened, _ = await fresh.open("cold.pt", os.O_RDONLY)
+        assert not opened.backing_id
+        assert await fresh.read(opened, len(payload) + 1) == payload
+        await fresh.vfs.release(opened.fh)
+    trio.run(main)
+
+
 def test_a_cold_open_waits_for_its_copy_without_holding_the_namespace(site, monkeypatch):
     """While a cold open waits for its file's decode, renames on the mount go through
     at once — of another file, and of that very file; the open then reads the file
