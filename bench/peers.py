@@ -16,6 +16,9 @@ bench/mount.py does). Every tool runs the same unchanged ``torch.save(state, pat
   file is in the bucket (durable at close). The second checkpoint is stored as a delta.
 * ``s4fs-writeback``: the same with ``--writeback``: close() returns once the bytes are
   on local disk; durable = close + ``s4fs sync MNT``.
+* ``s4fs-stream`` (not in the default run): ``s4fs`` with ``--stream-cold-reads``: under
+  FUSE passthrough a cold file is read through the daemon while it is decoded, instead
+  of its open waiting for the whole local copy.
 * ``s3fs``: s3fs-fuse (``-o url=...,use_path_request_style,passwd_file=...``); it uploads
   on flush, so close() returns once the object is in the bucket (checked with a HEAD).
   No ``use_cache``: its default, so every load reads the bucket.
@@ -84,7 +87,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mount import drop_caches, series  # noqa: E402  (bench/mount.py: stdlib imports only)
 
-PEERS = ("s4fs", "s4fs-writeback", "s3fs", "rclone", "boto3")
+PEERS = ("s4fs", "s4fs-writeback", "s3fs", "rclone", "boto3")      # the default run
+KNOWN = PEERS + ("s4fs-stream",)
 PREFIX = "ckpt"                       # s4fs's prefix in its bucket
 
 #: AWS settings hidden from every tool: only the dummy credentials below reach moto
@@ -531,6 +535,13 @@ class S4fsWriteback(S4fs):
         return False
 
 
+class S4fsStream(S4fs):
+    """s4fs reading a cold file through the daemon while it is decoded (not waiting at
+    the open for the whole copy, under FUSE passthrough)."""
+    name = "s4fs-stream"
+    flags = ("--stream-cold-reads",)
+
+
 class S3fs(FuseTool):
     name = "s3fs"
 
@@ -568,7 +579,8 @@ class Rclone(FuseTool):
                      "--vfs-write-back", "0s", "--log-level", "NOTICE"])
 
 
-TOOLS = {"s4fs": S4fs, "s4fs-writeback": S4fsWriteback, "s3fs": S3fs, "rclone": Rclone}
+TOOLS = {"s4fs": S4fs, "s4fs-writeback": S4fsWriteback, "s4fs-stream": S4fsStream,
+         "s3fs": S3fs, "rclone": Rclone}
 
 
 def missing(tool: str) -> str | None:
@@ -729,7 +741,7 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=5, help="training steps between the two "
                                                          "checkpoints")
     ap.add_argument("--peers", default=",".join(PEERS),
-                    help=f"comma-separated, of: {', '.join(PEERS)}")
+                    help=f"comma-separated, of: {', '.join(KNOWN)}")
     ap.add_argument("--rclone-cache-mode", default="full", choices=["full", "writes"],
                     help="rclone's --vfs-cache-mode (full: reads are cached too)")
     ap.add_argument("--op-timeout", type=float, default=600,
@@ -747,8 +759,8 @@ def main(argv=None) -> int:
         return run_in_link(args.link, list(sys.argv[1:] if argv is None else argv))
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in peers:
-        if p not in PEERS:
-            ap.error(f"unknown peer {p!r} (known: {', '.join(PEERS)})")
+        if p not in KNOWN:
+            ap.error(f"unknown peer {p!r} (known: {', '.join(KNOWN)})")
     Rclone.cache_mode = args.rclone_cache_mode
 
     def on_term(signum, frame):
