@@ -480,6 +480,33 @@ def test_a_cold_open_waits_for_its_copy_without_holding_the_namespace(site, monk
     trio.run(main)
 
 
+def test_a_cold_file_unlinked_while_its_open_waits_reads_whole(site, monkeypatch):
+    """The file is unlinked while a cold open waits for its copy (another process's
+    `rm`): the open still returns, and reads the version it opened, every byte, as a
+    descriptor of an unlinked file does on a local disk."""
+    from s4fs.read.fill import Fill
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    payload = data("gone", 9 * MiB)
+    wait_whole = Fill.wait_whole
+
+    def unlinking_first(fill):
+        async def unlink():
+            with trio.fail_after(20):
+                await fresh.vfs.unlink(ROOT_INODE, "gone.pt")
+        trio.from_thread.run(unlink)
+        return wait_whole(fill)
+    monkeypatch.setattr(Fill, "wait_whole", unlinking_first)
+
+    async def main():
+        await k.save("gone.pt", payload)
+        opened, _ = await fresh.open("gone.pt", os.O_RDONLY)
+        assert await fresh.read(opened, len(payload) + 1) == payload
+        await fresh.vfs.release(opened.fh)
+        with pytest.raises(NotFound):
+            await fresh.vfs.lookup(ROOT_INODE, "gone.pt")
+    trio.run(main)
+
+
 def test_a_cold_open_that_cannot_be_passed_through_does_not_wait(site):
     """Where the open would not be passed through anyway (the inode held open through
     the page cache; passthrough's whole-copy wait turned off) or the file is not
