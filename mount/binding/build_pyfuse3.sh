@@ -81,7 +81,7 @@ else
     ldflags='-Wl,-rpath,$ORIGIN/../pyfuse3.libs'
 fi
 
-"$python" -m pip download -q --no-deps --no-binary :all: -d "$work" pyfuse3==3.5.0
+"$python" -m pip download -q --no-deps --no-binary pyfuse3 -d "$work" pyfuse3==3.5.0
 echo "$pyfuse3_sha  $work/pyfuse3-3.5.0.tar.gz" | sha256sum -c --quiet
 tar -xzf "$work/pyfuse3-3.5.0.tar.gz" -C "$work"
 (cd "$work/pyfuse3-3.5.0" && patch -p1 --quiet < "$here/pyfuse3-passthrough.patch" &&
@@ -106,7 +106,7 @@ else                           # the wheel again, with libfuse3.so.N in pyfuse3.
         >/dev/null
 fi
 "$python" -m pip install -q --no-deps --target "$dest/site" "$dest"/wheel/pyfuse3-*.whl
-PYTHONPATH="$dest/site" "$python" -c "
+PYTHONPATH="$dest/site${PYTHONPATH:+:$PYTHONPATH}" "$python" -c "
 import pyfuse3
 assert hasattr(pyfuse3, 'get_session_fd')
 lib = [line.split()[-1] for line in open('/proc/self/maps') if '/libfuse3.so' in line][0]
