@@ -133,6 +133,30 @@ def read_as_torch_load(fs, path: str) -> tuple[bytes, bool, float, float]:
         r.release()
 
 
+def read_whole_then_copy(fs, path: str) -> tuple[bytes, float, float]:
+    """What a fresh node's open waits for under FUSE passthrough (s4fs.vfs: the open of
+    a cold file waits for its whole decoded copy, checked, in the decoded cache), then
+    the kernel's read of that copy from the page cache (1 MiB reads into buffers
+    allocated once): the bytes, the seconds of each."""
+    t0 = time.perf_counter()
+    r = fs.open_read(path)
+    try:
+        if not r.decode_whole():
+            raise SystemExit("the copy was not decoded whole ahead")
+        waited = time.perf_counter() - t0
+        m = r.manifest
+    finally:
+        r.release()
+    t1 = time.perf_counter()
+    with open(fs.decoded.path_of(m.id), "rb", buffering=0) as f:
+        out = mmap.mmap(-1, m.size)
+        mv = memoryview(out)
+        pos = 0
+        while pos < m.size:
+            pos += f.readinto(mv[pos: pos + (1 << 20)])
+    return out, waited, time.perf_counter() - t1
+
+
 def local_disk(data: bytes, work: str, repeat: int) -> dict:
     """The peer: the same bytes in a local file, read cold as torch.load reads them."""
     path = os.path.join(work, "local.pt")
@@ -194,7 +218,7 @@ def decode_alone(fs, m, repeat: int) -> list[float]:
 
 
 def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
-        whole: bool = False, chain: float | None = None) -> dict:
+        whole: bool = False, chain: float | None = None, stages: bool = False) -> dict:
     """Save ``series`` on ``device`` and read its last version as fresh nodes do;
     ``whole``: only the last version, stored whole (no delta base), in its own store;
     ``chain``: the ingest's max_chain_read (None: its default)."""
@@ -243,13 +267,29 @@ def run(device: str, series: list[bytes], work: str, repeat: int, rt_cfg,
                 raise SystemExit(f"{device}: the bytes read back differ")
         finally:
             cold.close()
+    wholes, pages = [], []
+    for k in range(repeat):
+        cold = node(f"whole{k}")
+        try:
+            drop_caches()
+            got, waited, paged = read_whole_then_copy(cold, "ckpt.pt")
+            wholes.append(waited)
+            pages.append(paged)
+            if got[:] != data:
+                raise SystemExit(f"{device}: the whole copy's bytes differ")
+        finally:
+            cold.close()
     cold = node("floor")
     try:
         floor = decode_alone(cold, m, repeat)
+        if stages:
+            import _fill_stages
+            stages = _fill_stages.run(cold, m, repeat, drop_caches)
     finally:
         cold.close()
     rt.close()
-    return {"floor": floor, "device": label + (", stored whole" if whole else ""), "stored": stored,
+    return {"stages": stages or None, "size": m.size, "floor": floor, "whole": wholes,
+            "paged": pages, "device": label + (", stored whole" if whole else ""), "stored": stored,
             "fetched": fetched, "save": saved, "fresh": times, "filled": filled,
             "depth": depth,
             "open": statistics.median(opens), "tail": statistics.median(tails)}
@@ -274,12 +314,16 @@ def main() -> None:
                     "values: a row each (default: the config's default)")
     ap.add_argument("--every", type=int, default=5,
                     help="optimizer steps between two checkpoints of a real source")
+    ap.add_argument("--stages", action="store_true",
+                    help="per device, the decode ahead stage by stage on the CPU worker "
+                         "processes (bench/_fill_stages.py): read the stored bytes, decode, "
+                         "write the copy by pwrite or through a mapping")
     ap.add_argument("--verbose", action="store_true",
                     help="log each decode ahead (batches, seconds, the first batch's)")
     a = ap.parse_args()
     if a.verbose:
         import logging
-        logging.basicConfig(level=logging.WARNING, format="# %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO, format="# %(name)s: %(message)s")
         logging.getLogger("s4fs.read.fill").setLevel(logging.INFO)
     from s4fs.coding import _gpu_pool as gpu_pool
     from s4fs.codec import gpu_available
@@ -299,7 +343,8 @@ def main() -> None:
             else [None]
         for d in devices.split(","):
             for chain in chains:
-                rows.append(run(d, series, work, a.repeat, rt_cfg, chain=chain))
+                rows.append(run(d, series, work, a.repeat, rt_cfg, chain=chain,
+                                stages=a.stages and d == "cpu"))
             if a.whole_too:
                 rows.append(run(d, series, work, a.repeat, rt_cfg, whole=True))
         rows.append(local_disk(data, work, a.repeat))
@@ -336,6 +381,38 @@ def main() -> None:
               f"{', '.join(f'{t:.2f}' for t in r['fresh'])} | "
               + ("- | - | " if r["open"] is None else f"{r['open']:.3f} | {r['tail']:.3f} | ")
               + f"{'-' if r['filled'] is None else 'yes' if r['filled'] else 'no'} |")
+    print("\n# under FUSE passthrough a fresh node's open waits for the whole copy "
+          "(decoded, checked, kept), then the kernel reads it from the page cache; "
+          f"median of {a.repeat}")
+    print("| device | whole copy s (the open waits) | ÷ decode alone | then page-cache "
+          "read s | sum | ÷ local disk | runs (whole) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        if r.get("whole"):
+            w, p = statistics.median(r["whole"]), statistics.median(r["paged"])
+            print(f"| {r['device']} | {w:.2f} | {w / statistics.median(r['floor']):.2f}x | "
+                  f"{p:.2f} | {w + p:.2f} | {(w + p) / disk:.2f}x | "
+                  f"{', '.join(f'{t:.2f}' for t in r['whole'])} |")
+    for r in rows:
+        if r.get("stages"):
+            print_stages(r, disk, a.work or tempfile.gettempdir())
+
+
+def print_stages(r: dict, disk: float, work: str) -> None:
+    """The stage table of one device's row (bench/_fill_stages.py)."""
+    st = r["stages"]
+    print(f"\n# decode ahead stage by stage, {st[0]['workers']} CPU worker processes, all "
+          f"batches at once, page cache dropped; store and copy under {work}; "
+          f"median of {len(st[0]['times'])}; 'busy' = seconds summed over the workers")
+    print("| stage | s | GB/s (logical) | ÷ read (the floor) | ÷ local disk read | busy s | runs |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    floor = statistics.median(st[0]["times"])
+    for s in st:
+        med = statistics.median(s["times"])
+        print(f"| {s['stage']} | {med:.3f} | {r['size'] / med / 1e9:.2f} | "
+              f"{med / floor:.2f}x | {med / disk:.2f}x | "
+              f"{statistics.median(s['busy']):.2f} | "
+              f"{', '.join(f'{t:.3f}' for t in s['times'])} |")
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ for suite in "$@"; do
         for src in ${FILL_SOURCES:-synthetic}; do
             # shellcheck disable=SC2086   # FILL_ARGS: bench/fill.py's options, split on purpose
             run "${FILL_SECONDS:-150}" python3 "$B/fill.py" --source "$src" \
-                ${FILL_ARGS:---gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda} --work /tmp
+                ${FILL_ARGS:---gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda} --work "${FILL_WORK:-/tmp}"
         done
         ;;
     ingest)

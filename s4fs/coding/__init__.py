@@ -18,7 +18,9 @@
   by its owner, s4fs.runtime), threads of this process for the API (``_threads``); the
   daemon's side of the process pools (``_spool``: :class:`SpoolCoding`);
 * the device side of coding one batch (``_device_batch``), shared by the GPU worker,
-  the API's GPU batches and the device save.
+  the API's GPU batches and the device save;
+* a decoded copy being filled by many workers at once (``_worker``: :class:`Copy`,
+  written through a shared mapping where :func:`mapped_copy` says so).
 
 ``coding`` imports the codec, the manifest, the stores' pickled specs and the read room's
 chunk source; never the write room, the filesystem or the API.
@@ -37,10 +39,11 @@ from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_again, code
                                delta_candidate, delta_is_tiny, delta_prep, keep_delta)
 from s4fs.coding._spool import SpoolCoding
 from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
+from s4fs.coding._worker import Copy, mapped_copy
 
 
 __all__ = [
-    "BaseFile", "ChunkBatch", "CodingPool", "DELTA", "DecodeJob", "FULL", "GpuBatches",
+    "BaseFile", "ChunkBatch", "CodingPool", "Copy", "DELTA", "DecodeJob", "FULL", "GpuBatches",
     "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Placement", "Pools", "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
     "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk",
@@ -48,5 +51,5 @@ __all__ = [
     "code_on_device", "collecting_notes", "decode_into",
     "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",
     "lower_priority", "missing_packs", "note_unreadable_base", "placement", "readable_base",
-    "saw_pack",
+    "mapped_copy", "saw_pack",
 ]

@@ -42,7 +42,7 @@ from s4fs.coding._jobs import (DecodeJob, Item, ItemResult, Job, JobResult,
                                WorkerDied, died)  # noqa: F401 - WorkerDied: its error
 from s4fs.coding._pool import KEEP, CodingPool
 from s4fs.coding._rule import SAME, code_chunk
-from s4fs.coding._worker import (init_worker, item_base, job_files, pwrite_all, read_item,
+from s4fs.coding._worker import (Copy, init_worker, item_base, job_files, read_item,
                                  source_for, spool_changed, store_for)
 
 
@@ -88,15 +88,12 @@ def decode_batch(job: DecodeJob) -> int:
     """Fetch, decode (each chunk checked against its checksum) and place one batch of a
     file's chunks at their file offsets (runs in a worker process)."""
     src = source_for(job.store, DEVICE)
-    fd = os.open(job.target, os.O_WRONLY)
-    try:
-        with src.staged(job.staged), src.preloaded([ref for ref, _ in job.items]):
-            for ref, pieces in job.items:
-                data = memoryview(src.get(ref))
-                for coff, foff, n in pieces:
-                    pwrite_all(fd, data[coff: coff + n], foff)
-    finally:
-        os.close(fd)
+    with Copy(job.target, job.mapped) as copy, src.staged(job.staged), \
+            src.preloaded([ref for ref, _ in job.items]):
+        for ref, pieces in job.items:
+            data = memoryview(src.get(ref))
+            for coff, foff, n in pieces:
+                copy.place(data[coff: coff + n], foff)
     return len(job.items)
 
 

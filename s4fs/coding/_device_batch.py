@@ -12,12 +12,12 @@ thread (``s4fs.codec.on_gpu_thread``).
 from __future__ import annotations
 
 import logging
-import os
+import time
 
 from s4fs import codec
 from s4fs.coding._config import IngestConfig
 from s4fs.coding._rule import chain_room, chunk_result, delta_is_tiny, keep_delta
-from s4fs.coding._worker import pwrite_all
+from s4fs.coding._worker import Copy
 from s4fs.codec import on_gpu_thread, read_header
 
 # The one warning of this module (a batch coded on the CPU instead) keeps the logger name
@@ -100,16 +100,19 @@ def decode_into(source, job) -> int:
     ``s4fs.read.reader.decode_on_gpu`` (only the decoding on the process's GPU thread; every
     chunk checked) and write its pieces at their offsets in ``job.target``."""
     from s4fs.read.reader import decode_on_gpu
+    t0 = time.perf_counter()
     with source.staged(job.staged):
         decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,
                                 to_host=True)
-    fd = os.open(job.target, os.O_WRONLY)
-    try:
+    t1 = time.perf_counter()
+    with Copy(job.target, job.mapped) as copy:
         for ref, pieces in job.items:
             arr = decoded[ref.key()]
             data = arr.get() if hasattr(arr, "get") else arr      # CuPy (a base too)
             for coff, foff, n in pieces:
-                pwrite_all(fd, data[coff: coff + n], foff)
-    finally:
-        os.close(fd)
+                copy.place(data[coff: coff + n], foff)
+    log.info("decoded ahead %d chunks (%.1f MiB): read and decode %.0f ms, write %.0f ms "
+             "(%s)", len(job.items), sum(ref.raw for ref, _ in job.items) / 2**20,
+             1e3 * (t1 - t0), 1e3 * (time.perf_counter() - t1),
+             "mapped" if job.mapped else "pwrite")
     return len(job.items)

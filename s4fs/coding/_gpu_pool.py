@@ -97,11 +97,7 @@ def decode_batch(job: DecodeJob) -> int:
     """Decode one batch of a cold file's chunks on the GPU into its decoded-cache copy
     (runs in the GPU worker process)."""
     from s4fs.coding._device_batch import decode_into
-    t0 = time.perf_counter()
-    n = decode_into(_worker.source_for(job.store, DEVICE), job)
-    log.info("decoded ahead %d chunks (%.1f MiB) in %.0f ms", n,
-             sum(ref.raw for ref, _ in job.items) / 2**20, 1e3 * (time.perf_counter() - t0))
-    return n
+    return decode_into(_worker.source_for(job.store, DEVICE), job)    # logs its times
 
 
 def decode_blob(blob: bytes, base: bytes | None) -> bytes:

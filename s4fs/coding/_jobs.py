@@ -58,11 +58,14 @@ class JobResult:
 class DecodeJob:
     """Chunks to decode into ``target`` (the decoded-cache copy being filled): each item
     is ``(ref, ((offset in chunk, file offset, length), ...))``. ``staged``: where the
-    batch's stored bytes were fetched ahead (``ChunkSource.staged``), or None."""
+    batch's stored bytes were fetched ahead (``ChunkSource.staged``), or None.
+    ``mapped``: the target is written through a shared mapping (``_worker.Copy``; its
+    blocks reserved, where ``_worker.mapped_copy`` chose it), else with ``pwrite``."""
     store: bytes
     target: str
     items: tuple
     staged: tuple | None = None
+    mapped: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import os
 import pickle
 import threading
 import time
 import xxhash
 
-from s4fs.coding import DecodeJob, IngestConfig, Pools, placement
+from s4fs.coding import DecodeJob, IngestConfig, Pools, mapped_copy, placement
 from s4fs.manifest import Manifest
 from s4fs.read.fetch import PREFIX as FETCH_PREFIX, Fetch
 
@@ -114,6 +115,38 @@ class _Ranges:
         return self.hi[0] if self.lo and self.lo[0] == 0 else 0
 
 
+class _Mapped:
+    """The copy's bytes for the hash, read through a mapping (no copy into the
+    process); ``pread`` where it cannot be mapped."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        try:
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            self._mv = memoryview(self._map)
+        except (OSError, ValueError):
+            self._map = self._mv = None
+
+    def __call__(self, pos: int, n: int):
+        if self._mv is not None:
+            return self._mv[pos: pos + n]
+        data = os.pread(self.fd, n, pos)
+        if len(data) != n:
+            raise OSError(f"the copy ends at {pos + len(data)}, before {pos + n}")
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._mv is not None:
+            self._mv.release()
+            try:
+                self._map.close()
+            except BufferError:         # a slice still held: the mapping goes with it
+                pass
+
+
 class Fill:
     """One version being decoded into the decoded cache (shared by its readers)."""
 
@@ -139,6 +172,10 @@ class Fill:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, m.size)
+            # how the workers write it (a shared mapping in tmpfs, its pages reserved
+            # now: a tmpfs without room for the copy is found here, and its reads
+            # decode in the daemon)
+            self.mapped = mapped_copy(fd, m.size)
         except OSError:
             os.close(fd)
             os.unlink(self.path)
@@ -181,7 +218,7 @@ class Fill:
     def _decode(self, k: int, staged) -> None:
         """Submit batch ``k`` to the pool (its stored bytes in ``staged``, or None: the
         worker fetches them itself)."""
-        job = DecodeJob(self._spec, self.path, tuple(self.batches[k]), staged)
+        job = DecodeJob(self._spec, self.path, tuple(self.batches[k]), staged, self.mapped)
         try:
             fut = self.pool.submit_decode(job)
         except BaseException as exc:                # noqa: BLE001 - reported to readers
@@ -249,19 +286,18 @@ class Fill:
         bytes hashed are the copy's final bytes."""
         pos, size = 0, self.m.size
         try:
-            while pos < size:
-                with self._cond:
-                    while (end := self._done.prefix()) <= pos:
-                        if self.failed is not None or self._left == 0:
-                            return
-                        self._cond.wait()
-                while pos < end:
-                    data = os.pread(self.fd, min(16 << 20, end - pos), pos)
-                    if not data:
-                        return
-                    self._hash.update(data)
-                    pos += len(data)
-        except OSError as exc:          # the check at the end reads the copy again
+            with _Mapped(self.fd, size) as view:
+                while pos < size:
+                    with self._cond:
+                        while (end := self._done.prefix()) <= pos:
+                            if self.failed is not None or self._left == 0:
+                                return
+                            self._cond.wait()
+                    while pos < end:
+                        n = min(16 << 20, end - pos)
+                        self._hash.update(view(pos, n))
+                        pos += n
+        except (OSError, ValueError) as exc:   # the check at the end reads the copy again
             log.warning("hashing the copy of %s as it filled: %s", self.m.id, exc)
         finally:
             self._hashed = pos
