@@ -16,6 +16,9 @@
 #           MOUNT_SECONDS: a run's limit; MOUNT_ARGS: more options, e.g. --floor)
 #   fill    a fresh node's decode ahead alone (no FUSE), cpu and cuda      (150 s)
 #           (FILL_SOURCES: --source values, a run each; FILL_ARGS, FILL_SECONDS)
+#   push-floor  a cold file handed to the kernel while it lands, with no codec: the
+#           open waiting for the whole copy (passthrough), pushed pages, requests
+#           (bench/push_floor.py; PUSH_ARGS: its options)                     (200 s)
 #   ingest  s4fs.save/load vs torch.save/load, then the coding-worker sweep (500 s)
 #   delta   deltas on the train-loop GPT trained here: backward vs unbounded
 #           forward chains vs deltas off (DELTA_ARGS: its options)          (540 s)
@@ -54,7 +57,7 @@
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
 set -u
-suites="tests codec save mount fill ingest delta train-loop multi-gpu selftest binding"
+suites="tests codec save mount fill push-floor ingest delta train-loop multi-gpu selftest binding"
 usage() { echo "usage: bash bench/gpu.sh SUITE...   (SUITE: ${suites// /, })" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
@@ -93,6 +96,8 @@ patched_pyfuse3() {
     if [ -z "${S4FS_PYFUSE3_PASSTHROUGH:-}" ] && [ -f "$P/pyfuse3-3.5.0-passthrough.tar.gz" ]; then
         PK=$(cd "$P" && pwd)
         sed -i "s#^prefix=.*#prefix=$PK/libfuse#" "$PK/libfuse/lib/pkgconfig/fuse3.pc"
+        # a site left by an earlier build (another Python) is not replaced by pip --target
+        rm -rf "$PK/site" "$PK/src"
         mkdir -p "$PK/src" && tar -xzf "$PK/pyfuse3-3.5.0-passthrough.tar.gz" -C "$PK/src"
         PKG_CONFIG_PATH="$PK/libfuse/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PK/libfuse/lib" \
             SETUPTOOLS_SCM_PRETEND_VERSION=3.5.0 timeout 300 python3 -m pip install -q \
@@ -142,6 +147,12 @@ for suite in "$@"; do
             run "${FILL_SECONDS:-150}" python3 "$B/fill.py" --source "$src" \
                 ${FILL_ARGS:---gib 0.6 --repeat 3 --saves 3 --devices cpu,cuda} --work "${FILL_WORK:-/tmp}"
         done
+        ;;
+    push-floor)
+        patched_pyfuse3
+        # shellcheck disable=SC2086   # PUSH_ARGS: bench/push_floor.py's options, split on purpose
+        run "${PUSH_SECONDS:-200}" python3 "$B/push_floor.py" \
+            ${PUSH_ARGS:---gib 1.7 --rates 2,4,0 --repeat 3} --work /tmp
         ;;
     ingest)
         S4FS_BENCH_WEIGHTS=$W run 200 python3 "$B/ingest.py" --gib 1 --repeat 3

@@ -1,4 +1,4 @@
-"""The kernel port over pyfuse3's session: the four things the core asks of the kernel."""
+"""The kernel port over pyfuse3's session: the five things the core asks of the kernel."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ class Pyfuse3Port(KernelPort):
         try:
             pyfuse3.invalidate_inode(inode, attr_only=attr_only)
         except pyfuse3.FUSEError as exc:      # the kernel does not know it (any more)
+            raise OSError(exc.errno, f"inode {inode}") from None
+
+    def store_pages(self, inode: int, offset: int, data) -> None:
+        try:
+            pyfuse3.notify_store(inode, offset, data)
+        except pyfuse3.FUSEError as exc:
             raise OSError(exc.errno, f"inode {inode}") from None
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:

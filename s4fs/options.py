@@ -156,13 +156,13 @@ OPTIONS: tuple[Option, ...] = (
                "64G; 0: off)"),
     Option("stream_cold_reads", ("--stream-cold-reads",), "stream_cold_reads",
            section="cache",
-           help="under FUSE passthrough, read a file that has no local copy yet "
-                "through the daemon while it is decoded (the first bytes sooner), "
-                "instead of its open waiting until it is decoded onto local disk and "
-                "the kernel reading that copy (the whole file sooner, as torch.load "
-                "reads it); for tools that read a little of many large files",
-           doc="under passthrough, read a cold file while it is decoded instead of "
-               "waiting at its open for the whole copy"),
+           help="read a file that has no local copy yet (a fresh node) through FUSE "
+                "requests alone while it is decoded, each read answered by the daemon, "
+                "instead of the daemon pushing each decoded part into the kernel's "
+                "page cache as it lands (the default: the reads that find their pages "
+                "there never reach the daemon)",
+           doc="read a cold file through requests alone while it is decoded, instead "
+               "of pushing its decoded parts into the kernel's page cache"),
     Option("workers", ("--workers",), "workers", section="coding", type=int,
            help="coding worker processes (default: one per core; 0: code in the "
                 "daemon's own threads)"),

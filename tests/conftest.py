@@ -71,6 +71,7 @@ KERNEL_SUITE = {
         "test_rename_over_a_file_just_closed", "test_missing_pack_reads_as_eio_not_enoent"),
     "mount/test_mount_cache_in_memory.py": ("test_the_default_mode_keeps_its_cache_in_memory",),
     "mount/test_links_and_owners.py": ("*",),
+    "mount/test_cold_push.py": ("*",),
     "core/test_times.py": ("test_utime_round_trips_to_the_nanosecond",
                            "test_a_saved_file_shows_the_time_it_was_saved"),
 }

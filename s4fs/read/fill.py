@@ -212,7 +212,8 @@ class Fill:
             return
         self.fetch.start(fetcher)
 
-    def _ranges(self, k: int) -> list[tuple[int, int]]:
+    def ranges(self, k: int) -> list[tuple[int, int]]:
+        """The file ranges batch ``k`` (of ``batches``, in the order they decode) fills."""
         return [(fo, fo + n) for _, ps in self.batches[k] for _, fo, n in ps]
 
     def _decode(self, k: int, staged) -> None:
@@ -236,7 +237,7 @@ class Fill:
             exc = None
         except BaseException as e:                  # noqa: BLE001 - reported to readers
             exc = e
-        self._account(exc, self._ranges(k))
+        self._account(exc, self.ranges(k))
 
     def _account(self, exc: BaseException | None, ranges) -> None:
         """One batch ended: decoded into the copy (its file ``ranges``), or ``exc``."""

@@ -122,6 +122,15 @@ class NodeReader:
         self._on_read(self.node)
         return view.readinto(offset, dest)
 
+    def reads_version(self, vid: str | None) -> bool:
+        """Whether the file is still exactly committed version ``vid``: no writer has
+        it, no other version was committed since (what a push of ``vid``'s bytes into
+        the kernel's pages asks before it begins; s4fs.vfs.push)."""
+        node = self.node
+        m = node.version
+        return vid is not None and node.writer is None and not node.detached and \
+            m is not None and m.id == vid and node.gen == self._gen
+
     def release(self) -> None:
         with self._lock:
             if self._released:

@@ -617,6 +617,20 @@ class ReadHandle:
                 self._fd, self._fill = None, None
         return False
 
+    def decoding(self):
+        """The decode ahead of this cold file, started now where it is not yet (as a
+        first read at 0 would start it): ``(fill, fd)`` — the s4fs.read.fill.Fill and a
+        descriptor of its copy of the caller's own (to close) — or None where it is not
+        decoded ahead (too small, no pool, a local copy whole already) or failed."""
+        if self._reader is None:
+            return None
+        self._start_fill(0)
+        with self._fill_lock:
+            fill, fd = self._fill, self._fd
+            if fill is None or fd is None or fill.failed is not None:
+                return None
+            return fill, os.dup(fd)
+
     def _start_fill(self, offset: int) -> None:
         """The first read of a cold file: decode it ahead, from that read's batch on. A
         checkpoint is read whole, and waiting for torch.load's pattern (the zip

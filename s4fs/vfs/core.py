@@ -27,6 +27,7 @@ from s4fs.fs import Attr, Filesystem, WriteHandle
 from s4fs.read import NodeReader
 from s4fs.vfs.passthrough import Passthrough
 from s4fs.vfs.port import KernelPort
+from s4fs.vfs.push import Pushes
 from s4fs.vfs.tables import NamespaceLock, Tables
 
 log = logging.getLogger("s4fs.mount")
@@ -87,6 +88,9 @@ class Vfs:
         self.tables = Tables()
         self.ns = NamespaceLock()
         self.passthrough = Passthrough(fs, self.tables, port, self._passthrough_refused)
+        # a cold file read while it is decoded, its bytes pushed into the kernel's pages
+        self.pushes = Pushes(port, enabled=not fs.cfg.stream_cold_reads)
+        self._fh_pushing: dict[int, int] = {}                    # fh -> inode
         self._limiter = trio.CapacityLimiter(workers)
         self._fh_backing: dict[int, int] = {}                    # fh -> inode
         self._dropping: set[threading.Thread] = set()   # kernel invalidations under way
@@ -152,18 +156,28 @@ class Vfs:
         if path is None and gone is None:
             raise NotFound(f"inode {inode} names no file (any more)")
         handle = self.tables.handle_or_none(fh)
+        # a truncate: no push of the bytes before may land in the inode's pages
+        quiet = inode if "size" in changes else None
         if changes:
             if not isinstance(handle, WriteHandle) or \
-                    not await self.run(handle.set_attrs, **self._owner(changes, handle)):
+                    not await self.run(self._quietly, quiet, handle.set_attrs,
+                                       **self._owner(changes, handle)):
                 if gone is not None:
                     # unlinked while open, changed through no descriptor of its writer:
                     # nothing of it is stored any more (as on a local disk, it is lost
                     # at the last close)
                     raise NotFound(f"inode {inode} was removed")
-                await self.run(self.fs.set_attrs, path, **changes)
+                await self.run(self._quietly, quiet, self.fs.set_attrs, path, **changes)
         if gone is not None:
             return await self.getattr(inode)
         return self.entry(await self.run(self.fs.stat, path))
+
+    def _quietly(self, inode: int | None, fn, *args, **kwargs):
+        """(A worker thread.) ``fn(*args, **kwargs)`` — a change to ``inode``'s bytes —
+        with nothing pushing into its pages, and no pusher beginning, until it is done
+        (s4fs.vfs.push)."""
+        with self.pushes.quiet(inode):
+            return fn(*args, **kwargs)
 
     def _owner(self, changes: dict, handle: WriteHandle) -> dict:
         """``changes`` for a write handle: ``uid`` / ``gid`` as its ``owner``."""
@@ -258,6 +272,8 @@ class Vfs:
             return await self._open_write(inode, flags)
         async with self.ns.shared():
             handle = await self.run(self.fs.open_read, self.tables.path(inode))
+            if self._may_push(inode, handle):
+                return await self._open_pushed(inode, handle)
             if not self.passthrough.wants_whole_copy(inode, handle):
                 return await self._open_read(inode, handle)
         # a cold file, decoded whole onto local disk before the kernel reads that copy:
@@ -272,6 +288,34 @@ class Vfs:
             if whole:
                 handle = await self.run(self._reopened, inode, handle)
             return await self._open_read(inode, handle)
+
+    def _may_push(self, inode: int, handle) -> bool:
+        """Whether a read open of ``inode`` reads a cold committed version whose decoded
+        bytes are pushed into the kernel's pages as they land (s4fs.vfs.push): no local
+        copy of it yet, no backing file serving the inode, no writer."""
+        return self.pushes.enabled and handle.version is not None and \
+            handle.local_file() is None and self.passthrough.backing(inode) is None
+
+    async def _open_pushed(self, inode: int, handle) -> Opened:
+        """(Under the namespace lock.) A cold file opened through the page cache, its
+        decode ahead started and followed by pushes: the kernel's pages of the inode
+        (another version's, if any) dropped first, so that the open keeps the pages
+        pushed from then on."""
+        opened = await self._open_read(inode, handle)
+        if opened.backing_id or (opened.keep_cache and self.pushes.active(inode)):
+            return opened                   # passed through after all; or pushed already
+        pusher = await self.run(self.pushes.prepare, inode, handle)
+        if pusher is None:
+            return opened                   # not decoded ahead: read through requests
+        if not opened.keep_cache:
+            await trio.to_thread.run_sync(self._forget_pages, inode)
+        with self.tables.lock:
+            self._fh_pushing[opened.fh] = inode
+        if await trio.to_thread.run_sync(self.pushes.begin, pusher,
+                                         functools.partial(handle.reads_version,
+                                                           handle.version)):
+            opened.keep_cache = True
+        return opened
 
     async def _open_read(self, inode: int, handle) -> Opened:
         """(Under the namespace lock.) The read open ``handle`` handed to the kernel:
@@ -293,7 +337,9 @@ class Vfs:
             return self._opened(handle, inode, bid)
         if not handle.keep_cache:
             # the kernel's cached attributes may be another version's (another
-            # mount's commit, seen by this open first): it asks again before use
+            # mount's commit, seen by this open first): it asks again before use; and
+            # it drops the inode's pages at this open, so nothing may push the version
+            # before into them after it
             await trio.to_thread.run_sync(self._forget_attributes, inode)
         # the core says whether the kernel's pages are the version this open reads
         return Opened(self.tables.new_fh(handle, inode), keep_cache=handle.keep_cache)
@@ -322,9 +368,11 @@ class Vfs:
     @_namespace("shared")
     async def _open_write(self, inode: int, flags: int) -> Opened:
         # create=True: the kernel may still hold an entry for a file whose first save
-        # failed (never committed); opening it for writing starts it afresh
-        handle = await self.run(self.fs.open_write, self.tables.path(inode),
-                                truncate=bool(flags & os.O_TRUNC), create=True)
+        # failed (never committed); opening it for writing starts it afresh. No push of
+        # the version before may land in the pages the writer fills
+        handle = await self.run(self._quietly, inode, self.fs.open_write,
+                                self.tables.path(inode), truncate=bool(flags & os.O_TRUNC),
+                                create=True)
         bid = await self.run(self.passthrough.for_write, inode, handle)   # counts it
         return self._opened(handle, inode, bid)
 
@@ -334,7 +382,9 @@ class Vfs:
         path = self.tables.child(parent, name)
         if owner is not None:
             owner = await self._inherit(parent, owner)
-        handle = await self.run(self.fs.open_write, path, truncate=True, create=True,
+        # a name the kernel thought gone may be a file pushed into: no more pushes
+        handle = await self.run(self._quietly, self.tables.known_inode(path),
+                                self.fs.open_write, path, truncate=True, create=True,
                                 exclusive=bool(flags & os.O_EXCL), mode=mode, owner=owner)
         entry = self.entry(await self.run(self.fs.stat, path))
         bid = await self.run(self.passthrough.for_write, entry.inode, handle)
@@ -400,18 +450,23 @@ class Vfs:
         inode = self.tables.forget_fh(fh)
         with self.tables.lock:
             backed = self._fh_backing.pop(fh, None)
+            pushing = self._fh_pushing.pop(fh, None)
+        if pushing is not None:           # read to its end, or given up: pushed enough
+            self.pushes.stop(pushing, wait=False)
         if inode is not None:
             self.tables.let_go(inode)
         if backed is not None:
             self.passthrough.drop(backed)
 
     def _forget_attributes(self, inode: int) -> None:
+        self.pushes.stop(inode)
         try:
             self.port.invalidate_inode(inode, attr_only=True)
         except OSError as exc:            # not known to the kernel (yet)
             log.debug("invalidating the attributes of inode %d: %s", inode, exc)
 
     def _forget_pages(self, inode: int) -> None:
+        self.pushes.stop(inode)
         try:
             self.port.invalidate_inode(inode, attr_only=False)
         except OSError as exc:            # not known to the kernel (yet)
@@ -433,6 +488,7 @@ class Vfs:
                 entry = (parent, os.fsencode(keys.basename(node.path)))
 
         def drop():
+            self.pushes.stop(inode)
             try:
                 self.port.invalidate_inode(inode, attr_only=False)
                 if entry is not None:

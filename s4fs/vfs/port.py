@@ -1,6 +1,6 @@
 """What only the kernel can do for the filesystem core: the kernel port.
 
-The core (:class:`s4fs.vfs.Vfs`) decides; the port carries out the four things that need
+The core (:class:`s4fs.vfs.Vfs`) decides; the port carries out the five things that need
 the kernel's FUSE session. ``s4fs.mount`` implements it over pyfuse3 in a few lines; the
 tests use a recording fake, so the core's coherence and passthrough rules run without
 root or ``/dev/fuse``.
@@ -33,6 +33,13 @@ class KernelPort(abc.ABC):
     def invalidate_inode(self, inode: int, *, attr_only: bool) -> None:
         """Drop the kernel's cached attributes of ``inode`` and, unless ``attr_only``,
         its cached pages."""
+
+    @abc.abstractmethod
+    def store_pages(self, inode: int, offset: int, data) -> None:
+        """Put ``data`` into the kernel's page cache of ``inode`` at ``offset`` (FUSE
+        ``notify_store``): reads of those pages are then not sent to the daemon. Raises
+        ``OSError`` where the kernel refuses (ENOSYS: never here) or does not know the
+        inode (any more). Called from threads of the core's own."""
 
     @abc.abstractmethod
     def invalidate_entry(self, parent: int, name: bytes) -> None:

@@ -530,7 +530,7 @@ def test_a_wrong_byte_in_the_filled_copy_is_refused_by_the_whole_file_hash(tmp_p
 
     def one_byte_off(fill, fut, k):
         if k == len(fill.batches) // 2:
-            lo = fill._ranges(k)[0][0] + 5
+            lo = fill.ranges(k)[0][0] + 5
             os.pwrite(fill.fd, bytes([os.pread(fill.fd, 1, lo)[0] ^ 0x10]), lo)
         return landed(fill, fut, k)
     monkeypatch.setattr(Fill, "_landed", one_byte_off)

@@ -14,6 +14,7 @@ import errno
 import os
 import random
 import stat
+import threading
 import time
 
 import pytest
@@ -28,6 +29,7 @@ from s4fs.stores.local import LocalStore
 from s4fs.vfs import ROOT_INODE, KernelPort, Vfs
 
 MiB = 1 << 20
+PAGE = 4096
 PIECE = 100003                  # unaligned, as torch.save's writes are
 AHEAD = IngestConfig(processes=True, workers=1)   # a mount's: cold files decoded ahead
 
@@ -41,11 +43,18 @@ class RecordingPort(KernelPort):
     its own reference to each), and the invalidations asked for, in order. ``refuse``:
     the errno every backing open fails with (the kernel cannot pass through here)."""
 
-    def __init__(self, refuse: int | None = None) -> None:
+    def __init__(self, refuse: int | None = None, refuse_pushes: int | None = None) -> None:
         self.refuse = refuse
+        self.refuse_pushes = refuse_pushes
         self.calls: list[tuple] = []
         self.files: dict[int, int] = {}         # backing id -> the kernel's descriptor
         self._next = 1
+        # the page cache, as far as pushes fill it: inode -> (bytes, pages whole in it)
+        self.pages: dict[int, tuple[bytearray, set[int]]] = {}
+        self.pushed: list[tuple[int, int, int]] = []     # (inode, offset, length)
+        self.heads: list[bytes] = []            # each push's first bytes
+        self.lock = threading.Lock()
+        self.on_push = None                     # called before each push (tests' hook)
 
     def open_backing(self, fd: int) -> int:
         if self.refuse is not None:
@@ -65,7 +74,39 @@ class RecordingPort(KernelPort):
     def invalidate_inode(self, inode: int, *, attr_only: bool) -> None:
         if not attr_only:
             time.sleep(0.05)      # the kernel waits for the pages reads in flight hold
+            self.drop_pages(inode)
         self.calls.append(("invalidate_inode", inode, attr_only))
+
+    def store_pages(self, inode: int, offset: int, data) -> None:
+        if self.on_push is not None:
+            self.on_push(inode, offset, len(data))
+        if self.refuse_pushes is not None:
+            raise OSError(self.refuse_pushes, os.strerror(self.refuse_pushes))
+        with self.lock:
+            buf, whole = self.pages.setdefault(inode, (bytearray(), set()))
+            end = offset + len(data)
+            if len(buf) < end:
+                buf.extend(bytes(end - len(buf)))
+            buf[offset:end] = data
+            # as the kernel: a page is cached only where the push covers it whole
+            whole.update(range(-(-offset // PAGE), end // PAGE))
+            self.pushed.append((inode, offset, len(data)))
+            self.heads.append(bytes(data[:64]))
+
+    def drop_pages(self, inode: int) -> None:
+        with self.lock:
+            self.pages.pop(inode, None)
+
+    def cached(self, inode: int, off: int, size: int) -> bytes | None:
+        """The bytes [off, off + size) from the pages pushed, if all are there."""
+        with self.lock:
+            got = self.pages.get(inode)
+            if got is None or size <= 0:
+                return None
+            buf, whole = got
+            if all(p in whole for p in range(off // PAGE, -(-(off + size) // PAGE))):
+                return bytes(buf[off: off + size])
+        return None
 
     def invalidate_entry(self, parent: int, name: bytes) -> None:
         self.calls.append(("invalidate_entry", parent, name))
@@ -80,16 +121,26 @@ class Kernel:
 
     def __init__(self, vfs: Vfs, port: RecordingPort) -> None:
         self.vfs, self.port = vfs, port
+        self.inode_of: dict[int, int] = {}       # fh -> inode
+        self.from_pages = 0                      # bytes reads found in pushed pages
 
     async def create(self, name: str, parent: int = ROOT_INODE):
         opened, entry = await self.vfs.create(parent, name, 0o644, os.O_WRONLY)
+        self.inode_of[opened.fh] = entry.inode
+        self.port.drop_pages(entry.inode)        # a new file's pages are its writes'
         return opened, entry.inode
 
     async def open(self, name: str, flags: int, parent: int = ROOT_INODE):
         inode = (await self.vfs.lookup(parent, name)).inode
-        return await self.vfs.open(inode, flags), inode
+        opened = await self.vfs.open(inode, flags)
+        self.inode_of[opened.fh] = inode
+        if not opened.backing_id and not opened.keep_cache:
+            self.port.drop_pages(inode)          # the kernel drops them at this open
+        return opened, inode
 
     async def write(self, opened, data: bytes, off: int = 0) -> None:
+        if opened.fh in self.inode_of:           # written pages are the writes' bytes
+            self.port.drop_pages(self.inode_of[opened.fh])
         for i in range(0, len(data), PIECE):
             piece = data[i:i + PIECE]
             if opened.backing_id:
@@ -101,8 +152,14 @@ class Kernel:
         if opened.backing_id:
             return os.pread(self.port.files[opened.backing_id], size, off)
         out = bytearray()
+        inode = self.inode_of.get(opened.fh)
         while len(out) < size:
-            got = await self.vfs.read(opened.fh, off + len(out), min(MiB, size - len(out)))
+            want = min(MiB, size - len(out))
+            got = self.port.cached(inode, off + len(out), want) if inode else None
+            if got is not None:                  # the page cache: no request
+                self.from_pages += len(got)
+            else:
+                got = await self.vfs.read(opened.fh, off + len(out), want)
             if not got:
                 break
             out += got
@@ -137,13 +194,15 @@ def site(tmp_path):
     made = []
     root = str(tmp_path / "store")
 
-    def make(*, passthrough=False, optional=False, refuse=None, store=None, **cfg):
+    def make(*, passthrough=False, optional=False, refuse=None, store=None, push=True,
+             refuse_pushes=None, **cfg):
         cfg.setdefault("metadata_ttl", 0.0)
         cfg.setdefault("cache_dir", str(tmp_path / f"cache{len(made)}"))
         fs = Filesystem(store or LocalStore(root), FsConfig(**cfg))
-        port = RecordingPort(refuse)
+        port = RecordingPort(refuse, refuse_pushes)
         vfs = Vfs(fs, port, uid=1234, gid=5678)
         vfs.passthrough.enabled, vfs.passthrough.optional = passthrough, optional
+        vfs.pushes.enabled = vfs.pushes.enabled and push   # off: the whole-copy open
         made.append(fs)
         return Kernel(vfs, port)
 
@@ -402,11 +461,12 @@ def test_readers_of_a_local_copy_share_one_backing_file_until_the_last_close(sit
 
 
 def test_a_fresh_nodes_open_of_a_cold_file_passes_its_decoded_copy_through(site):
-    """A fresh node (empty cache) opens a file another mount saved: the open waits for
+    """Where the kernel takes no pushed pages (s4fs.vfs.push off), a fresh node (empty
+    cache) opens a file another mount saved: the open waits for
     the file to be decoded whole onto local disk, then hands the kernel that copy, so
     no read goes through the daemon; every byte the kernel reads there is the file's,
     and the kernel is told to drop whatever pages it had of the inode."""
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
     payload = data("cold", 12 * MiB + 5)           # decoded ahead: 8 MiB or more
 
     async def main():
@@ -433,11 +493,11 @@ def test_a_cold_copy_that_fails_its_check_is_not_passed_through(site, monkeypatc
 
     def one_byte_off(fill, fut, k):
         if k == 0:
-            lo = fill._ranges(k)[0][0] + 3
+            lo = fill.ranges(k)[0][0] + 3
             os.pwrite(fill.fd, bytes([os.pread(fill.fd, 1, lo)[0] ^ 1]), lo)
         return landed(fill, fut, k)
     monkeypatch.setattr(Fill, "_landed", one_byte_off)
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
     payload = data("cold", 9 * MiB)
 
     async def main():
@@ -454,7 +514,7 @@ def test_a_cold_open_waits_for_its_copy_without_holding_the_namespace(site, monk
     at once — of another file, and of that very file; the open then reads the file
     under its new name, through passthrough, every byte exact."""
     from s4fs.read.fill import Fill
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
     payload = data("cold", 9 * MiB)
     renamed = []
     wait_whole = Fill.wait_whole
@@ -485,7 +545,7 @@ def test_a_cold_file_unlinked_while_its_open_waits_reads_whole(site, monkeypatch
     `rm`): the open still returns, and reads the version it opened, every byte, as a
     descriptor of an unlinked file does on a local disk."""
     from s4fs.read.fill import Fill
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
     payload = data("gone", 9 * MiB)
     wait_whole = Fill.wait_whole
 
@@ -517,7 +577,7 @@ def test_a_cold_open_that_cannot_be_passed_through_does_not_wait(site):
     assert _fs_config(args).stream_cold_reads
     streams = site(passthrough=True, ingest=AHEAD, stream_cold_reads=True)
     assert not streams.vfs.passthrough.whole_cold
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
     big, small = data("big", 9 * MiB), data("small", MiB)
 
     async def main():
@@ -738,3 +798,136 @@ def test_files_that_record_no_owner_show_the_mounts(site):
         e = await k.vfs.lookup(ROOT_INODE, "old.pt")
         assert (e.uid, e.gid) == (1234, 5678)        # the mount's (--uid/--gid)
     trio.run(main)
+
+
+# --- a cold file read while it is decoded: its bytes pushed into the kernel's pages ----
+
+def _until(cond, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("passthrough", [True, False], ids=["passthrough", "requests"])
+def test_a_fresh_nodes_cold_open_returns_at_once_and_its_bytes_are_pushed(site,
+                                                                         passthrough):
+    """A fresh node opens a file another mount saved: the open returns at once through
+    the page cache (no backing file), the kernel's pages of the inode dropped first and
+    kept from then on; the decoded bytes are pushed into them as they land, so reads
+    find them there; every byte read is the file's, whether a read found pushed pages
+    or went to the daemon. Later opens read the kept copy."""
+    k, fresh = site(), site(passthrough=passthrough, ingest=AHEAD)
+    payload = data("cold", 12 * MiB + 5)
+
+    async def main():
+        await k.save("cold.pt", payload)
+        opened, inode = await fresh.open("cold.pt", os.O_RDONLY)
+        assert not opened.backing_id and opened.keep_cache
+        assert ("invalidate_inode", inode, False) in fresh.port.calls
+        head = await fresh.read(opened, 4096)           # torch.load's first read
+        assert head == payload[:4096]
+        m = fresh.vfs.fs.manifest("cold.pt")
+        await trio.to_thread.run_sync(
+            _until, lambda: sum(n for i, _, n in fresh.port.pushed if i == inode)
+            >= len(payload) - 2 * PAGE)
+        assert await fresh.read(opened, len(payload) + 10) == payload
+        assert fresh.from_pages >= len(payload) - 2 * MiB   # found in the pushed pages
+        assert fresh.vfs.fs.decoded.path_of(m.id)
+        await fresh.vfs.release(opened.fh)
+        again, _ = await fresh.open("cold.pt", os.O_RDONLY)
+        assert bool(again.backing_id) == passthrough
+        assert await fresh.read(again, 64, len(payload) - 64) == payload[-64:]
+        await fresh.vfs.release(again.fh)
+    trio.run(main)
+    pushed = sorted((o, n) for _, o, n in fresh.port.pushed)
+    assert all(0 <= o and o + n <= len(payload) for o, n in pushed)
+
+
+def test_a_read_ahead_of_the_decode_waits_for_its_batch_and_is_exact(site):
+    """The reader runs ahead of the pushes (each push held up): its reads go to the
+    daemon, wait for their batches, and return the file's bytes."""
+    k, fresh = site(), site(ingest=AHEAD)
+    fresh.port.on_push = lambda inode, off, n: time.sleep(0.02)
+    payload = data("ahead", 10 * MiB + 7)
+
+    async def main():
+        await k.save("ahead.pt", payload)
+        opened, _ = await fresh.open("ahead.pt", os.O_RDONLY)
+        assert opened.keep_cache
+        assert await fresh.read(opened, len(payload) + 1) == payload
+        await fresh.vfs.release(opened.fh)
+    trio.run(main)
+
+
+@pytest.mark.parametrize("how", ["overwrite", "truncate", "other-mount"])
+def test_no_push_of_the_version_before_lands_after_the_file_changes(site, how):
+    """Pushes are slow (each held up); meanwhile the file changes — overwritten through
+    this mount, truncated by path, or committed anew by another mount and opened here —
+    and from the moment that change's request returns no push of the old version
+    reaches the kernel's pages: every read after it returns the new bytes only."""
+    k, fresh = site(), site(ingest=AHEAD)
+    holding = threading.Event()
+
+    def slow(inode, off, n):
+        holding.set()
+        time.sleep(0.03)
+    fresh.port.on_push = slow
+    old, new = data("old", 10 * MiB + 3), data("new", 9 * MiB + 11)
+
+    async def main():
+        await k.save("f.pt", old)
+        reader, inode = await fresh.open("f.pt", os.O_RDONLY)
+        assert reader.keep_cache
+        await trio.to_thread.run_sync(holding.wait, 30)
+        if how == "overwrite":
+            w, _ = await fresh.open("f.pt", os.O_WRONLY | os.O_TRUNC)
+            mark = len(fresh.port.pushed)
+            await fresh.write(w, new)
+            await fresh.close(w)
+            want = new
+        elif how == "truncate":
+            await fresh.vfs.setattr(inode, {"size": 5 * MiB}, None)
+            mark = len(fresh.port.pushed)
+            want = old[: 5 * MiB]
+        else:
+            await k.save("f.pt", new)
+            again, _ = await fresh.open("f.pt", os.O_RDONLY)
+            mark = len(fresh.port.pushed)
+            assert await fresh.read(again, len(new) + 1) == new
+            await fresh.vfs.release(again.fh)
+            want = new
+        await trio.sleep(0.3)                        # pushers that would go on, did
+        # pushes after the change are the new version's (a fresh node's open of it is
+        # cold too), never the old one's
+        late = [(o, h) for (i, o, _), h in zip(fresh.port.pushed[mark:],
+                                              fresh.port.heads[mark:]) if i == inode]
+        stale = [o for o, h in late if h != want[o: o + len(h)]]
+        assert not stale, f"pushes of the old version after the change at {stale}"
+        got, _ = await fresh.open("f.pt", os.O_RDONLY)
+        assert await fresh.read(got, len(want) + 1) == want
+        await fresh.vfs.release(got.fh)
+        await fresh.vfs.release(reader.fh)
+    trio.run(main)
+
+
+def test_a_kernel_that_refuses_pushes_turns_them_off_and_reads_stay_exact(site):
+    """The kernel refuses the first push (ENOSYS): pushing is off for the mount (said
+    once), the reads of that open go to the daemon and are exact, and the next cold
+    open is not pushed."""
+    k, fresh = site(), site(ingest=AHEAD, refuse_pushes=errno.ENOSYS)
+    a, b = data("a", 9 * MiB), data("b", 9 * MiB + 1)
+
+    async def main():
+        await k.save("a.pt", a)
+        await k.save("b.pt", b)
+        opened, _ = await fresh.open("a.pt", os.O_RDONLY)
+        assert await fresh.read(opened, len(a) + 1) == a
+        await fresh.vfs.release(opened.fh)
+        await trio.to_thread.run_sync(_until, lambda: not fresh.vfs.pushes.enabled)
+        second, _ = await fresh.open("b.pt", os.O_RDONLY)
+        assert not second.keep_cache
+        assert await fresh.read(second, len(b) + 1) == b
+        await fresh.vfs.release(second.fh)
+    trio.run(main)
+    assert fresh.port.pushed == []
