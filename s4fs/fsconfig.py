@@ -38,10 +38,13 @@ class FsConfig:
     # training loop docs/BENCHMARKS.md records it blocks the loop less, with the same
     # drain (the coding fits in the gap between checkpoints)
     code_while_written: bool = False
-    # under FUSE passthrough, a read open of a file with no local copy: False waits
-    # until it is decoded whole onto local disk, then the kernel reads that copy (no
-    # read goes through the daemon); True reads it through the daemon as it is decoded
-    stream_cold_reads: bool = False
+    # a read open of a file with no local copy (a fresh node; s4fs.vfs): "whole" waits,
+    # under FUSE passthrough, until it is decoded whole onto local disk, then the kernel
+    # reads that copy (without passthrough: as "stream"); "push" returns at once and the
+    # daemon pushes its decoded parts into the kernel's page cache as they land (reads
+    # ahead of them are requests); "stream" reads it through the daemon as it is
+    # decoded. docs/BENCHMARKS.md §8b measured them: "whole" stays the default
+    cold_reads: str = "whole"
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None

@@ -154,15 +154,24 @@ OPTIONS: tuple[Option, ...] = (
                 "off; default a quarter of the cache disk's free space, <= 64G)",
            doc="local copies kept (e.g. 20G; default a quarter of the free space, at most "
                "64G; 0: off)"),
-    Option("stream_cold_reads", ("--stream-cold-reads",), "stream_cold_reads",
-           section="cache",
-           help="read a file that has no local copy yet (a fresh node) through FUSE "
-                "requests alone while it is decoded, each read answered by the daemon, "
-                "instead of the daemon pushing each decoded part into the kernel's "
-                "page cache as it lands (the default: the reads that find their pages "
-                "there never reach the daemon)",
-           doc="read a cold file through requests alone while it is decoded, instead "
-               "of pushing its decoded parts into the kernel's page cache"),
+    Option("cold_reads", ("--push-cold-reads",), "push_cold_reads", section="cache",
+           const="push",
+           help="a file that has no local copy yet (a fresh node) is opened at once and "
+                "read through the page cache while it is decoded, the daemon pushing "
+                "each decoded part into that cache as it lands (reads ahead of it wait "
+                "for their part in the daemon); default: under FUSE passthrough its open "
+                "waits until it is decoded onto local disk and the kernel reads that "
+                "copy, else it is read through the daemon as it is decoded",
+           doc="read a cold file while it is decoded, its decoded parts pushed into the "
+               "kernel's page cache as they land"),
+    Option("cold_reads", ("--stream-cold-reads",), "stream_cold_reads", section="cache",
+           const="stream",
+           help="under FUSE passthrough, read a file that has no local copy yet through "
+                "the daemon while it is decoded (the first bytes sooner), instead of its "
+                "open waiting until it is decoded onto local disk and the kernel reading "
+                "that copy; for tools that read a little of many large files",
+           doc="under passthrough, read a cold file through the daemon while it is "
+               "decoded instead of waiting at its open for the whole copy"),
     Option("workers", ("--workers",), "workers", section="coding", type=int,
            help="coding worker processes (default: one per core; 0: code in the "
                 "daemon's own threads)"),

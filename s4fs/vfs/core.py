@@ -89,7 +89,7 @@ class Vfs:
         self.ns = NamespaceLock()
         self.passthrough = Passthrough(fs, self.tables, port, self._passthrough_refused)
         # a cold file read while it is decoded, its bytes pushed into the kernel's pages
-        self.pushes = Pushes(port, enabled=not fs.cfg.stream_cold_reads)
+        self.pushes = Pushes(port, enabled=fs.cfg.cold_reads == "push")
         self._fh_pushing: dict[int, int] = {}                    # fh -> inode
         self._limiter = trio.CapacityLimiter(workers)
         self._fh_backing: dict[int, int] = {}                    # fh -> inode

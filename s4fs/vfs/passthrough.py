@@ -69,7 +69,7 @@ class Passthrough:
         self.enabled = False
         self.optional = False
         # a cold file's read open waits for its whole local copy (FsConfig)
-        self.whole_cold = not fs.cfg.stream_cold_reads
+        self.whole_cold = fs.cfg.cold_reads != "stream"
         self.on_refused = on_refused           # called with why, when turned off
         self._backing: dict[int, Backing] = {}                  # inode -> its backing
 

@@ -100,8 +100,9 @@ class Pusher:
 
 class Pushes:
     """The pushers of one mount, by inode; ``enabled``: cold files are read while they
-    are decoded, pushed (FsConfig.stream_cold_reads turns it off: every read is then a
-    request). The kernel's first refusal of a push turns pushing off for the mount."""
+    are decoded, pushed (``FsConfig.cold_reads`` "push", ``s4fs mount
+    --push-cold-reads``). The kernel's first refusal of a push turns pushing off for
+    the mount (its cold opens then wait for the whole copy, or stream)."""
 
     def __init__(self, port, enabled: bool) -> None:
         self.port = port

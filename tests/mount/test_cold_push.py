@@ -49,7 +49,7 @@ def saved_then_fresh(mount_factory, files: dict[str, bytes]):
             f.write(data)
     w.sync()
     w.stop()
-    return mount_factory(store=w.store, name="fresh", extra=["-v"])
+    return mount_factory(store=w.store, name="fresh", extra=["-v", "--push-cold-reads"])
 
 
 def test_a_fresh_node_torch_loads_a_cold_checkpoint_exactly(mount_factory):

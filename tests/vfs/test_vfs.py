@@ -194,7 +194,7 @@ def site(tmp_path):
     made = []
     root = str(tmp_path / "store")
 
-    def make(*, passthrough=False, optional=False, refuse=None, store=None, push=True,
+    def make(*, passthrough=False, optional=False, refuse=None, store=None,
              refuse_pushes=None, **cfg):
         cfg.setdefault("metadata_ttl", 0.0)
         cfg.setdefault("cache_dir", str(tmp_path / f"cache{len(made)}"))
@@ -202,7 +202,6 @@ def site(tmp_path):
         port = RecordingPort(refuse, refuse_pushes)
         vfs = Vfs(fs, port, uid=1234, gid=5678)
         vfs.passthrough.enabled, vfs.passthrough.optional = passthrough, optional
-        vfs.pushes.enabled = vfs.pushes.enabled and push   # off: the whole-copy open
         made.append(fs)
         return Kernel(vfs, port)
 
@@ -461,12 +460,11 @@ def test_readers_of_a_local_copy_share_one_backing_file_until_the_last_close(sit
 
 
 def test_a_fresh_nodes_open_of_a_cold_file_passes_its_decoded_copy_through(site):
-    """Where the kernel takes no pushed pages (s4fs.vfs.push off), a fresh node (empty
-    cache) opens a file another mount saved: the open waits for
+    """A fresh node (empty cache) opens a file another mount saved: the open waits for
     the file to be decoded whole onto local disk, then hands the kernel that copy, so
     no read goes through the daemon; every byte the kernel reads there is the file's,
     and the kernel is told to drop whatever pages it had of the inode."""
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
     payload = data("cold", 12 * MiB + 5)           # decoded ahead: 8 MiB or more
 
     async def main():
@@ -497,7 +495,7 @@ def test_a_cold_copy_that_fails_its_check_is_not_passed_through(site, monkeypatc
             os.pwrite(fill.fd, bytes([os.pread(fill.fd, 1, lo)[0] ^ 1]), lo)
         return landed(fill, fut, k)
     monkeypatch.setattr(Fill, "_landed", one_byte_off)
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
     payload = data("cold", 9 * MiB)
 
     async def main():
@@ -514,7 +512,7 @@ def test_a_cold_open_waits_for_its_copy_without_holding_the_namespace(site, monk
     at once — of another file, and of that very file; the open then reads the file
     under its new name, through passthrough, every byte exact."""
     from s4fs.read.fill import Fill
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
     payload = data("cold", 9 * MiB)
     renamed = []
     wait_whole = Fill.wait_whole
@@ -545,7 +543,7 @@ def test_a_cold_file_unlinked_while_its_open_waits_reads_whole(site, monkeypatch
     `rm`): the open still returns, and reads the version it opened, every byte, as a
     descriptor of an unlinked file does on a local disk."""
     from s4fs.read.fill import Fill
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
     payload = data("gone", 9 * MiB)
     wait_whole = Fill.wait_whole
 
@@ -574,10 +572,14 @@ def test_a_cold_open_that_cannot_be_passed_through_does_not_wait(site):
     daemon, every byte exact. ``s4fs mount --stream-cold-reads`` turns the wait off."""
     from s4fs.cli import _fs_config, build_parser
     args = build_parser().parse_args(["mount", "st", "mp", "--stream-cold-reads"])
-    assert _fs_config(args).stream_cold_reads
-    streams = site(passthrough=True, ingest=AHEAD, stream_cold_reads=True)
+    assert _fs_config(args).cold_reads == "stream"
+    args = build_parser().parse_args(["mount", "st", "mp", "--push-cold-reads"])
+    assert _fs_config(args).cold_reads == "push"
+    args = build_parser().parse_args(["mount", "st", "mp"])
+    assert _fs_config(args).cold_reads == "whole"
+    streams = site(passthrough=True, ingest=AHEAD, cold_reads="stream")
     assert not streams.vfs.passthrough.whole_cold
-    k, fresh = site(), site(passthrough=True, ingest=AHEAD, push=False)
+    k, fresh = site(), site(passthrough=True, ingest=AHEAD)
     big, small = data("big", 9 * MiB), data("small", MiB)
 
     async def main():
@@ -817,7 +819,7 @@ def test_a_fresh_nodes_cold_open_returns_at_once_and_its_bytes_are_pushed(site,
     kept from then on; the decoded bytes are pushed into them as they land, so reads
     find them there; every byte read is the file's, whether a read found pushed pages
     or went to the daemon. Later opens read the kept copy."""
-    k, fresh = site(), site(passthrough=passthrough, ingest=AHEAD)
+    k, fresh = site(), site(passthrough=passthrough, ingest=AHEAD, cold_reads="push")
     payload = data("cold", 12 * MiB + 5)
 
     async def main():
@@ -847,7 +849,7 @@ def test_a_fresh_nodes_cold_open_returns_at_once_and_its_bytes_are_pushed(site,
 def test_a_read_ahead_of_the_decode_waits_for_its_batch_and_is_exact(site):
     """The reader runs ahead of the pushes (each push held up): its reads go to the
     daemon, wait for their batches, and return the file's bytes."""
-    k, fresh = site(), site(ingest=AHEAD)
+    k, fresh = site(), site(ingest=AHEAD, cold_reads="push")
     fresh.port.on_push = lambda inode, off, n: time.sleep(0.02)
     payload = data("ahead", 10 * MiB + 7)
 
@@ -866,7 +868,7 @@ def test_no_push_of_the_version_before_lands_after_the_file_changes(site, how):
     this mount, truncated by path, or committed anew by another mount and opened here —
     and from the moment that change's request returns no push of the old version
     reaches the kernel's pages: every read after it returns the new bytes only."""
-    k, fresh = site(), site(ingest=AHEAD)
+    k, fresh = site(), site(ingest=AHEAD, cold_reads="push")
     holding = threading.Event()
 
     def slow(inode, off, n):
@@ -915,7 +917,7 @@ def test_a_kernel_that_refuses_pushes_turns_them_off_and_reads_stay_exact(site):
     """The kernel refuses the first push (ENOSYS): pushing is off for the mount (said
     once), the reads of that open go to the daemon and are exact, and the next cold
     open is not pushed."""
-    k, fresh = site(), site(ingest=AHEAD, refuse_pushes=errno.ENOSYS)
+    k, fresh = site(), site(ingest=AHEAD, cold_reads="push", refuse_pushes=errno.ENOSYS)
     a, b = data("a", 9 * MiB), data("b", 9 * MiB + 1)
 
     async def main():
