@@ -46,13 +46,12 @@
 #
 # Each command runs under `timeout` with the budget shown (the device machine allows
 # 10 minutes a command, so give each device call one suite). Run from the repo root with
-# an offline kit in .offline-kit/ (the GPU machine has no network: wheels of trio,
+# an offline kit in .offline-kit/, carried to the device (ignored by git; `bash
+# bench/offline_kit.sh` builds it: the GPU machine has no network — wheels of trio,
 # zstandard, xxhash, Cython, pyfuse3's source, libfuse3, nvCOMP, and a setup.sh that
-# installs them; fuse317/ from bench/build_fuse_c_floor.sh and
-# `bash mount/binding/build_pyfuse3.sh .offline-kit/fuse317`, which now holds libfuse
-# 3.18.3: the patch asks for passthrough with fuse_set_feature_flag, which libfuse
-# 3.17.0-3.17.2 refuse beside pyfuse3's own conn.want, so a kit built before 2026-12-06
-# must be built again) and, for codec and ingest, the MiniLM weights subset in
+# installs them; fuse317/ with libfuse 3.18.3 and the patched pyfuse3 source; the
+# train-loop suite's C floor adds fuse317/example/ from bench/build_fuse_c_floor.sh)
+# and, for codec and ingest, the MiniLM weights subset in
 # .gpubench/minilm-subset.safetensors (without it the codec bench falls back to
 # synthetic weights). Everything goes to $OUT/gpu.log (OUT defaults to /tmp/s4fs-gpu);
 # the tables and test summaries are printed at the end.
@@ -159,6 +158,7 @@ for suite in "$@"; do
         S4FS_BENCH_WEIGHTS=$W run 300 python3 "$B/ingest.py" --workers 1,2,4,8,16 --gib 1 --repeat 1
         ;;
     delta)
+        # shellcheck disable=SC2086   # DELTA_ARGS: bench/delta_gpu.py's options, split on purpose
         run 540 python3 "$B/delta_gpu.py" ${DELTA_ARGS:---steps 1000 --every 200 --gib 1.7}
         ;;
     train-loop)

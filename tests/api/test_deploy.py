@@ -320,7 +320,8 @@ def test_install_script_refuses_bad_input(tmp_path, fake_s4fs):
 BINDING = REPO / "mount" / "binding"      # shipped: s4fs build-passthrough runs it
 SCRIPTS = [DEPLOY / "install.sh", DEPLOY / "image/build.sh", DEPLOY / "image/gate.sh",
            BINDING / "build_pyfuse3.sh", BINDING / "libfuse_source.sh",
-           REPO / "bench" / "build_fuse_c_floor.sh"]      # sources libfuse_source.sh
+           REPO / "bench" / "build_fuse_c_floor.sh",      # sources libfuse_source.sh
+           REPO / "bench" / "offline_kit.sh", REPO / "bench" / "gpu.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
