@@ -149,7 +149,7 @@ class WriteHandle:
         self.kernel = KernelWrites(fs.room)
         try:
             if initial is not None:
-                _fill(self.spool, initial, fs.source, path)
+                _spool_from_store(self.spool, initial, fs.source, path)
                 self.state = State.COMMITTED      # nothing new yet
                 self.same_bytes = True
         except BaseException:
@@ -529,7 +529,7 @@ class WriteHandle:
         self.fs.release_writer(self)
 
 
-def _fill(spool: Spool, m: Manifest, source: "ChunkSource", path: str) -> None:
+def _spool_from_store(spool: Spool, m: Manifest, source: "ChunkSource", path: str) -> None:
     """An existing file opened without truncation: its bytes become the spool."""
     from s4fs.read import FileReader
     reader = FileReader(m, source, path=path)
