@@ -264,7 +264,11 @@ def test_concurrent_puts_stay_within_the_disk(small_disk):
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(one, range(48)))
-    assert low[0] >= DISK // 2 - 8 * MiB
+    # racing puts may overshoot by the packs in flight (two), and ext4 gives an evicted
+    # pack's blocks back only when the journal commits its unlink: under load the free
+    # space seen right after an eviction lags by up to one more pack (CI saw 40 KB past
+    # a two-pack margin once)
+    assert low[0] >= DISK // 2 - 12 * MiB
     assert cache.nbytes <= DISK // 2 and not parts(folder)
 
 

@@ -153,9 +153,13 @@ class Kernel:
             return os.pread(self.port.files[opened.backing_id], size, off)
         out = bytearray()
         inode = self.inode_of.get(opened.fh)
+        # as the kernel: cached pages are read up to the file's size, no further
+        end = off + size if inode is None else \
+            min(off + size, (await self.vfs.getattr(inode)).size)
         while len(out) < size:
             want = min(MiB, size - len(out))
-            got = self.port.cached(inode, off + len(out), want) if inode else None
+            cut = min(want, end - off - len(out))
+            got = self.port.cached(inode, off + len(out), cut) if inode else None
             if got is not None:                  # the page cache: no request
                 self.from_pages += len(got)
             else:
