@@ -41,10 +41,16 @@ class Pusher:
         self.port, self.inode, self.fill, self.fd = port, inode, fill, fd
         self.name = name or f"inode {inode}"
         self.on_refused = on_refused
-        self._lock = threading.Lock()       # held across each push: stop() waits for it
+        # one per thread, held across each of its pushes: stop() waits for them all
+        self._locks = [threading.Lock() for _ in range(THREADS)]
         self._stopped = False
+        self._count = threading.Lock()
         self._left = THREADS
-        self.pushed = 0
+        self._pushed = [0] * THREADS
+
+    @property
+    def pushed(self) -> int:
+        return sum(self._pushed)
 
     def start(self) -> None:
         for k in range(THREADS):
@@ -52,19 +58,20 @@ class Pusher:
                              name="s4fs-push").start()
 
     def stop(self, wait: bool = True) -> None:
-        """No push after this returns (one in flight is waited for); ``wait`` False:
-        none after the one in flight, which is not waited for (the event loop must not
+        """No push after this returns (those in flight are waited for); ``wait`` False:
+        none after those in flight, which are not waited for (the event loop must not
         wait: a push may wait for a page that a read request in flight holds, and its
         reply goes out through that loop)."""
-        if not wait:
-            self._stopped = True
-            return
-        with self._lock:
-            self._stopped = True
+        self._stopped = True
+        if wait:
+            for lock in self._locks:
+                with lock:
+                    pass
 
     def _run(self, k: int) -> None:
         buf = bytearray(PIECE)
         mv = memoryview(buf)
+        lock = self._locks[k]
         try:
             for b in range(k, len(self.fill.batches), THREADS):
                 for lo, hi in self.fill.ranges(b):
@@ -75,21 +82,20 @@ class Pusher:
                         n = os.preadv(self.fd, [mv[: min(PIECE, hi - pos)]], pos)
                         if n <= 0:
                             return
-                        with self._lock:
+                        with lock:
                             if self._stopped:
                                 return
                             self.port.store_pages(self.inode, pos, mv[:n])
-                            self.pushed += n
+                        self._pushed[k] += n
                         pos += n
         except OSError as exc:
-            with self._lock:
-                self._stopped = True
+            self._stopped = True
             if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
                 self.on_refused(exc)
             else:                   # the kernel forgot the inode, the copy went away
                 log.debug("pushing inode %d: %s", self.inode, exc)
         finally:
-            with self._lock:
+            with self._count:
                 self._left -= 1
                 last = self._left == 0
             if last:
