@@ -19,6 +19,9 @@ bench/mount.py does). Every tool runs the same unchanged ``torch.save(state, pat
 * ``s4fs-stream`` (not in the default run): ``s4fs`` with ``--stream-cold-reads``: under
   FUSE passthrough a cold file is read through the daemon while it is decoded, instead
   of its open waiting for the whole local copy.
+* ``s4fs-push`` (not in the default run): ``s4fs`` with ``--push-cold-reads``: a cold
+  file's open returns at once and its decoded parts are pushed into the kernel's page
+  cache as they land.
 * ``s3fs``: s3fs-fuse (``-o url=...,use_path_request_style,passwd_file=...``); it uploads
   on flush, so close() returns once the object is in the bucket (checked with a HEAD).
   No ``use_cache``: its default, so every load reads the bucket.
@@ -88,7 +91,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mount import drop_caches, series  # noqa: E402  (bench/mount.py: stdlib imports only)
 
 PEERS = ("s4fs", "s4fs-writeback", "s3fs", "rclone", "boto3")      # the default run
-KNOWN = PEERS + ("s4fs-stream",)
+KNOWN = PEERS + ("s4fs-stream", "s4fs-push")
 PREFIX = "ckpt"                       # s4fs's prefix in its bucket
 
 #: AWS settings hidden from every tool: only the dummy credentials below reach moto
@@ -542,6 +545,13 @@ class S4fsStream(S4fs):
     flags = ("--stream-cold-reads",)
 
 
+class S4fsPush(S4fs):
+    """s4fs opening a cold file at once and pushing its decoded parts into the kernel's
+    page cache as they land (``--push-cold-reads``)."""
+    name = "s4fs-push"
+    flags = ("--push-cold-reads",)
+
+
 class S3fs(FuseTool):
     name = "s3fs"
 
@@ -580,6 +590,7 @@ class Rclone(FuseTool):
 
 
 TOOLS = {"s4fs": S4fs, "s4fs-writeback": S4fsWriteback, "s4fs-stream": S4fsStream,
+         "s4fs-push": S4fsPush,
          "s3fs": S3fs, "rclone": Rclone}
 
 
