@@ -13,7 +13,7 @@
 # shares), and leaves DEST/example/passthrough_hp with DEST/lib/libfuse3.so.4 (found
 # through the binary's $ORIGIN/../lib). Needs a C and C++ compiler (Debian:
 # build-essential). bench/gpu.sh uses .offline-kit/fuse317 when it is there (the numbers
-# in docs/BENCHMARKS.md §10 ran libfuse 3.17.2's); pass S4FS_PASSTHROUGH_HP to
+# in docs/BENCHMARKS-HISTORY.md §10 ran libfuse 3.17.2's); pass S4FS_PASSTHROUGH_HP to
 # train_loop.py otherwise.
 set -euo pipefail
 dest=${1:?usage: bash bench/build_fuse_c_floor.sh DEST}

@@ -57,7 +57,7 @@ def _raise_background(mountpoint: str, n: int = MAX_BACKGROUND) -> None:
     """Let the kernel keep ``n`` read-ahead requests in flight to the daemon, not 12: a
     file read through FUSE requests (no passthrough) from a cold local copy waits on a
     disk read per request, and 12 never fill the 16 MiB read-ahead window
-    (docs/BENCHMARKS.md §4).
+    (docs/BENCHMARKS.md §13).
     The knob is in the fusectl filesystem, which systemd mounts at boot; a container
     often has it unmounted, and root mounts it (once, for every FUSE mount after)."""
     top = mounts_at(mountpoint)

@@ -43,7 +43,7 @@ class FsConfig:
     # reads that copy (without passthrough: as "stream"); "push" returns at once and the
     # daemon pushes its decoded parts into the kernel's page cache as they land (reads
     # ahead of them are requests); "stream" reads it through the daemon as it is
-    # decoded. docs/BENCHMARKS.md §8b measured them: "whole" stays the default
+    # decoded. docs/BENCHMARKS.md §4 measured them: "whole" stays the default
     cold_reads: str = "whole"
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off

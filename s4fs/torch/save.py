@@ -332,7 +332,8 @@ class _DeviceSave:
         cache = self.fs.pack_cache
         # without a pack cache a pack in flight is a list of views of the batch's pinned
         # buffer (no copy of its own), so more of them at once cost no memory, and a local
-        # disk takes them faster from 16 writers than from 4 (docs/BENCHMARKS.md)
+        # disk takes them faster from 16 writers than from 4
+        # (docs/BENCHMARKS-HISTORY.md §7)
         return PackWriter(self.fs.store, self.cfg, cache.put if cache is not None else None,
                           uploads=None if cache is not None else
                           max(self.cfg.max_uploads, self.job.config.uploads),
