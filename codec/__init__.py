@@ -6,6 +6,8 @@ Pure functions over buffers; knows nothing about files, stores or FUSE.
     assert decompress(blob) == bytes(data)
     blob = compress(new, "float32", base=old)     # byte-XOR delta against ``old``
     assert decompress(blob, base=old) == bytes(new)
+    blob = compress(master, "float32", base=copy, transform="pair", base_dtype="bfloat16")
+    assert decompress(blob, base=copy) == bytes(master)   # fp32 words on their bf16 copy
 """
 
 from s4fs.errors import (BaseMismatchError, ChecksumError, CodecError,
@@ -15,6 +17,8 @@ from . import _device, _nvcomp_twins, _plane_codecs
 from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompress, inspect, xor
 from ._dtypes import DType, dtype_names, lookup
 from ._planes import plane_roles
+from ._pair import HALF as PAIR_COPIES
+from ._pair import rounds_to as pair_share
 from ._container import unpack as read_header
 from ._device import (AUTO_GPU_BELOW_CORES, DEVICES, gpu_available, has_gpu_planes,
                       on_gpu_thread, stop_gpu_thread)
@@ -38,7 +42,7 @@ __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",
     "lookup", "checksum", "xor", "as_bytes", "gpu_available", "stop_gpu_thread",
     "DEVICES", "AUTO_GPU_BELOW_CORES", "resolve_device", "on_gpu_thread", "has_gpu_planes",
-    "read_header", "plane_roles",
+    "read_header", "plane_roles", "pair_share", "PAIR_COPIES",
     "CodecError", "FormatError", "ChecksumError", "BaseMismatchError",
     "UnsupportedVersionError", "CodecUnavailableError",
 ]

@@ -12,6 +12,10 @@ Layout (little endian)::
                           zigzag-coded integer difference of the words with the base's,
                           words of the dtype's item size (8 bytes for wider ones),
                           little endian, wrapping; bytes past the last word XOR-ed)
+                  bit 3 = pair (with bit 0): the chunk is fp32 words and the base is a
+                          low-precision copy of them (half as many bytes); the payload is
+                          the residual of each word given the copy (s4fs.codec._pair),
+                  bit 4 = with bit 3: the copy is fp16 (else bf16)
     8   1  layout (s4fs.codec._planes)
     9   1  number of planes
     10  8  xxh3-64 of the original bytes
@@ -41,12 +45,14 @@ from s4fs.errors import FormatError, UnsupportedVersionError
 
 MAGIC = b"S4CK"
 MAJOR = 1
-MINOR = 3               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
-                        # 2: zero blocks; 3: difference deltas
+MINOR = 4               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
+                        # 2: zero blocks; 3: difference deltas; 4: pairs
 FLAG_DELTA = 1
 FLAG_ZERO_BLOCKS = 2
 FLAG_DIFF = 4
-KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS | FLAG_DIFF
+FLAG_PAIR = 8
+FLAG_PAIR_FP16 = 16
+KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS | FLAG_DIFF | FLAG_PAIR | FLAG_PAIR_FP16
 MIN_BLOCK_LOG2, MAX_BLOCK_LOG2 = 12, 30
 
 _FIXED = struct.Struct("<4sBBBBBBQ")
@@ -82,6 +88,14 @@ class Header:
     def diff(self) -> bool:
         """A delta whose payload is the words' difference with the base, not the XOR."""
         return bool(self.flags & FLAG_DIFF)
+
+    @property
+    def pair(self) -> str | None:
+        """A delta on a low-precision copy (``FLAG_PAIR``): the copy's dtype name, else
+        None."""
+        if not self.flags & FLAG_PAIR:
+            return None
+        return "float16" if self.flags & FLAG_PAIR_FP16 else "bfloat16"
 
     @property
     def coded_len(self) -> int:
@@ -254,6 +268,8 @@ def header(dtype_code: int, flags: int, layout: int, checksum: int,
         raise ValueError("a delta chunk cannot leave out zero blocks")
     if flags & FLAG_DIFF and not flags & FLAG_DELTA:
         raise ValueError("the difference flag needs the delta flag")
+    if _bad_pair(flags):
+        raise ValueError("the pair flags need the delta flag, and not the difference one")
     head = bytearray(_FIXED.pack(MAGIC, MAJOR, MINOR, dtype_code, flags, layout,
                                  len(planes), checksum))
     if flags & FLAG_DELTA:
@@ -277,6 +293,14 @@ def pack(dtype_code: int, flags: int, layout: int, checksum: int, base_checksum:
 def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
     n = _FIXED.size + (8 if flags & FLAG_DELTA else 0) + len(_varint(raw_len))
     return n + sum(2 + len(_varint(r)) + len(_varint(e)) for r, e in planes)
+
+
+def _bad_pair(flags: int) -> bool:
+    """Pair flags set in a way no writer sets them: the fp16 bit without the pair bit,
+    a pair that is not a delta, or one that is also a difference delta."""
+    if flags & FLAG_PAIR_FP16 and not flags & FLAG_PAIR:
+        return True
+    return bool(flags & FLAG_PAIR) and (not flags & FLAG_DELTA or bool(flags & FLAG_DIFF))
 
 
 # long on purpose: the one reader of a header, field by field in the order of the
@@ -305,6 +329,9 @@ def unpack(blob, *, whole: bool = True, total: int | None = None) -> Header:
     if flags & FLAG_DIFF and not flags & FLAG_DELTA:
         raise FormatError("blob sets the difference flag without the delta flag, which no "
                           "writer does; the blob is corrupt")
+    if _bad_pair(flags):
+        raise FormatError("blob sets the pair flags with other flags no writer sets with "
+                          "them; the blob is corrupt")
     pos = _FIXED.size
     base_checksum = None
     if flags & FLAG_DELTA:
@@ -549,6 +576,7 @@ def unpack_many(buf, starts, totals, avail=None):
     checksum = u64le(s + 10)
     delta = (flags & FLAG_DELTA) != 0
     bad |= ((flags & FLAG_DIFF) != 0) & ~delta
+    bad |= (flags & (FLAG_PAIR | FLAG_PAIR_FP16)) != 0    # pairs: read one by one
     base = np.where(delta, u64le(s + 18), np.uint64(0))
     pos = s + 18 + 8 * delta
     def varint(pos, width=5):

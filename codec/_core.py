@@ -14,7 +14,7 @@ from s4fs.errors import BaseMismatchError, ChecksumError, FormatError
 from . import _container as C
 from . import _device
 from . import _plane_codecs as P
-from . import _planes
+from . import _pair, _planes
 from ._buffers import as_bytes, checksum, undiff, xor
 from ._cpu import DEFAULT_CPU, CpuProfile, compress_cpu, decode_cpu
 from ._dtypes import BY_CODE, from_code, lookup
@@ -25,7 +25,8 @@ __all__ = ["compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "as_by
 
 def compress(data, dtype="bytes", *, base=None, device: str = "auto",
              profile: CpuProfile | None = None, checksum: int | None = None,
-             base_checksum: int | None = None, transform: str = "xor") -> bytes:
+             base_checksum: int | None = None, transform: str = "xor",
+             base_dtype: str | None = None) -> bytes:
     """Compress ``data`` (bytes-like, NumPy array or torch tensor) losslessly.
 
     ``dtype`` names how to read the bytes (a torch dtype name, or ``"bytes"``); it only
@@ -33,7 +34,10 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     ``base``, when given, is a buffer of the same length; the blob then stores the
     byte-XOR with it (``transform="xor"``) or the zigzag-coded difference of the words
     (``"diff"``, words of the dtype's item size; coded on the CPU) and needs the same
-    base to decode.
+    base to decode. ``transform="pair"``: ``data`` is fp32 words and ``base`` a
+    ``base_dtype`` ("bfloat16" or "float16") copy of them, half as long — typically the
+    master weights and the copy a mixed-precision model computes with; the blob stores
+    each word's residual given the copy (s4fs.codec._pair; coded on the CPU).
     ``device`` is ``"auto"`` (GPU when CUDA and nvCOMP are available), ``"cpu"`` or
     ``"cuda"``.
     ``checksum`` / ``base_checksum``: :func:`checksum` of ``data`` / ``base`` where the
@@ -42,8 +46,15 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     restores, and the base it is given, against them and raises.
     """
     dt = lookup(dtype)
-    if transform not in ("xor", "diff"):
-        raise ValueError(f"transform is 'xor' or 'diff', not {transform!r}")
+    if transform not in ("xor", "diff", "pair"):
+        raise ValueError(f"transform is 'xor', 'diff' or 'pair', not {transform!r}")
+    if transform == "pair":
+        if base is None or dt.name != "float32" or base_dtype not in _pair.HALF:
+            raise ValueError("a pair codes float32 data on a base that is its bfloat16 or "
+                             "float16 copy: pass base=... and base_dtype=...")
+        return compress_cpu(as_bytes(data), dt, base=base, profile=profile or DEFAULT_CPU,
+                            data_sum=checksum, base_sum=base_checksum, transform="pair",
+                            base_dtype=base_dtype)
     if transform == "diff" and base is not None:
         return compress_cpu(as_bytes(data), dt, base=base, profile=profile or DEFAULT_CPU,
                             data_sum=checksum, base_sum=base_checksum, transform="diff")
@@ -79,7 +90,8 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
     base_view = None
     if head.delta:
         base_view = as_bytes(base)
-        if len(base_view) != head.raw_len or checksum(base_view) != head.base_checksum:
+        want = head.raw_len // 2 if head.pair else head.raw_len
+        if len(base_view) != want or checksum(base_view) != head.base_checksum:
             raise BaseMismatchError(
                 "this delta blob was written against a different base (its length or "
                 "checksum does not match); pass the exact base bytes it was coded with")
@@ -93,8 +105,12 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
         out = _device.on_gpu_thread(gpu.decompress_planes, blob, head, dt)
     else:
         out = decode_cpu(blob, head, dt)
+    if head.pair and (dt.name != "float32" or head.raw_len % 4):
+        raise FormatError("blob pairs words that are not float32 with a copy; the blob "
+                          "is corrupt")
     if base_view is not None:
-        out = (undiff(out, base_view, dt.itemsize) if head.diff
+        out = (_pair.restore(out, base_view, head.pair) if head.pair else
+               undiff(out, base_view, dt.itemsize) if head.diff
                else xor(out, base_view)).tobytes()
     if checksum(out) != head.checksum:
         raise ChecksumError(

@@ -15,7 +15,7 @@ from s4fs.errors import CodecError
 
 from . import _container as C
 from . import _plane_codecs as P
-from . import _planes, _zstd_seq
+from . import _pair, _planes, _zstd_seq
 from ._buffers import as_bytes, checksum, diff, xor
 from ._dtypes import DType
 
@@ -119,7 +119,7 @@ def encode_planes_cpu(planes, kinds, profile: CpuProfile = DEFAULT_CPU,
 
 def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | None,
                raw: memoryview, planes: list[tuple[int, int, int, bytes]],
-               diff: bool = False) -> bytes:
+               diff: bool = False, pair: str | None = None) -> bytes:
     """Pack coded planes, falling back to one raw plane when that is not larger.
 
     ``raw`` is what the planes were split from (the XOR when delta, or with ``diff`` the
@@ -129,6 +129,8 @@ def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | 
     flags = C.FLAG_DELTA if base_checksum is not None else 0
     if diff:
         flags |= C.FLAG_DIFF
+    if pair is not None:
+        flags |= C.FLAG_PAIR | (C.FLAG_PAIR_FP16 if pair == "float16" else 0)
     n = len(raw)
     planar = C.header_size(flags, n, [(r, len(p)) for _, _, r, p in planes]) + \
         sum(len(p) for *_, p in planes)
@@ -141,13 +143,25 @@ def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | 
 
 def compress_cpu(raw: memoryview, dt: DType, *, base=None,
                  profile: CpuProfile = DEFAULT_CPU, data_sum: int | None = None,
-                 base_sum: int | None = None, transform: str = "xor") -> bytes:
+                 base_sum: int | None = None, transform: str = "xor",
+                 base_dtype: str | None = None) -> bytes:
     """``data_sum`` / ``base_sum``: the checksums of ``raw`` / ``base`` where the caller
-    has them (else taken here). ``transform``: how a delta is taken (``"xor"`` or
-    ``"diff"``, s4fs.codec.compress)."""
+    has them (else taken here). ``transform``: how a delta is taken (``"xor"``, ``"diff"``
+    or ``"pair"`` on a ``base_dtype`` copy; s4fs.codec.compress)."""
     if data_sum is None:
         data_sum = checksum(raw)
     src = raw
+    if base is not None and transform == "pair":
+        b = as_bytes(base)
+        src = memoryview(_pair.residual(raw, b, base_dtype))
+        if base_sum is None:
+            base_sum = checksum(b)
+        # the residual's bytes are grouped: its high bytes are zero where the copy is
+        # the master rounded, its low ones the master's own low mantissa bits
+        layout = _planes.BYTES if profile.layout is None else profile.layout
+        planes = _planes.split(src, dt, layout)
+        coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
+        return pack_chunk(dt, layout, data_sum, base_sum, src, coded, pair=base_dtype)
     if base is not None:
         b = as_bytes(base)
         if len(b) != len(raw):

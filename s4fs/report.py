@@ -31,10 +31,20 @@ def file_report(fs, rel: str) -> dict:
     """Sizes, ratio, delta base and chain, per tensor, of one committed file."""
     m = fs.manifest(rel, fresh=True)
     own = set(m.own_packs)
-    tensors = [{"name": m.names.get(s.name, s.name), "record": s.name, "dtype": s.dtype,
-                "logical": s.length,
-                "stored": sum(c.stored for c in s.chunks if c.pack in own)}
-               for s in m.streams if s.kind == "tensor"]
+    # the low-precision copy each fp32 tensor is coded on (s4fs.write.pairs), by chunk
+    copy_of = {c.key(): s.name for s in m.streams for c in s.chunks}
+    tensors = []
+    for s in m.streams:
+        if s.kind != "tensor":
+            continue
+        row = {"name": m.names.get(s.name, s.name), "record": s.name, "dtype": s.dtype,
+               "logical": s.length,
+               "stored": sum(c.stored for c in s.chunks if c.pack in own)}
+        on = {copy_of.get(_root_copy(c).key()) for c in s.chunks if c.paired}
+        if on:
+            rec = sorted(x for x in on if x)
+            row["paired_on"] = ", ".join(m.names.get(r, r) for r in rec) or "a copy"
+        tensors.append(row)
     split = stored_split(m)
     stored = m.stored_bytes()
     newer = (m.base or {}).get("newer")
@@ -50,6 +60,12 @@ def file_report(fs, rel: str) -> dict:
             "unchanged_bytes": split["unchanged"], "read_cold": split["read_cold"],
             "tensors": tensors, "xxh128": m.xxh128,
             "mtime": m.mtime}
+
+
+def _root_copy(c):
+    """The copy a pair's chunk is coded on: its base (itself maybe a delta now, whose
+    key the copy's stream still holds)."""
+    return c.base
 
 
 def family(name: str | None, dtype: str) -> str:

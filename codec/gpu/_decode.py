@@ -271,6 +271,10 @@ class _Decode:
                  for i, mv in enumerate(host_mv)]
         dts = [_check_head(i, h, bases[i] is not None or self.planes_only, self.planes_only)
                for i, h in enumerate(heads)]
+        if not self.planes_only and any(h.pair for h in heads):
+            # a residual on a low-precision copy: s4fs.codec.decompress restores it
+            raise CodecError("a batch holds a blob coded on a low-precision copy (a pair); "
+                             "decode it with s4fs.codec.decompress, which restores pairs")
         srcs: list[list[_Src]] = []
         for h in heads:
             pos, row = h.payload_offset, []

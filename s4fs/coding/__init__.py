@@ -35,8 +35,8 @@ from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, Job
                                WorkerDied, died)
 from s4fs.coding._pool import CodingPool
 from s4fs.coding._pools import Pools
-from s4fs.coding._rule import (DELTA, FULL, SAME, chunk_result, code_again, code_chunk,
-                               delta_candidate, delta_is_tiny, delta_prep, keep_delta)
+from s4fs.coding._rule import (DELTA, FULL, PAIR, PAIR_SHARE, SAME, chunk_result,
+                               code_again, code_chunk, code_pair, delta_candidate, delta_is_tiny, delta_prep, keep_delta)
 from s4fs.coding._spool import SpoolCoding
 from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
 from s4fs.coding._worker import Copy, mapped_copy
@@ -44,9 +44,10 @@ from s4fs.coding._worker import Copy, mapped_copy
 
 __all__ = [
     "BaseFile", "ChunkBatch", "CodingPool", "Copy", "DELTA", "DecodeJob", "FULL", "GpuBatches",
-    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "Placement", "Pools", "SAME",
+    "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "PAIR", "PAIR_SHARE", "Placement", "Pools",
+    "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
-    "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk",
+    "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk", "code_pair",
     "code_items",
     "code_on_device", "collecting_notes", "decode_into",
     "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",

@@ -34,6 +34,9 @@ class IngestConfig:
     # their base's blob), a large value leaves max_delta_depth the only bound.
     max_chain_read: float = 1.25
     delta_min_gain: float = 0.9        # keep a delta only if <= this fraction of full size
+    # an fp32 tensor saved after a bf16/fp16 copy of it in the same file is coded on that
+    # copy (s4fs.write.pairs; coded on the CPU: not where a save codes on the GPU)
+    pairs: bool = True
     # A session fed from a spool file codes in worker processes (s4fs.coding's CPU
     # workers or GPU worker) when this is set (the mount sets it): chunks are sent as
     # spool byte ranges in batches of about batch_bytes, one pack each.

@@ -43,7 +43,7 @@ from s4fs.coding._jobs import (DecodeJob, Item, ItemResult, Job, JobResult,
 from s4fs.coding._pool import KEEP, CodingPool
 from s4fs.coding._rule import SAME, code_chunk
 from s4fs.coding._worker import (Copy, init_worker, item_base, job_files, read_item,
-                                 source_for, spool_changed, store_for)
+                                 read_ranges, source_for, spool_changed, store_for)
 
 
 # --- the worker side ---------------------------------------------------------------------
@@ -80,8 +80,13 @@ def code_batch(job: Job) -> JobResult:
 def _code(job: Job, item: Item, data: bytes, base_fd: int | None) -> tuple[bytes, int]:
     """The same choice as the in-process path: the chunk rule (code_chunk), on the
     CPU."""
+    pair = None
+    if item.pair is not None:
+        kind, ranges, ref = item.pair
+        pair = (kind, ref, lambda: read_ranges(job.spool, ranges))
     return code_chunk(data, item.dtype, item.checksum, item.base,
-                      lambda: item_base(job, item, base_fd, DEVICE), job.cfg, device=DEVICE)
+                      lambda: item_base(job, item, base_fd, DEVICE), job.cfg, device=DEVICE,
+                      pair=pair)
 
 
 def decode_batch(job: DecodeJob) -> int:

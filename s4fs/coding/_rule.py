@@ -21,10 +21,40 @@ from s4fs.coding._config import IngestConfig
 from s4fs.manifest import ChunkRef
 
 FULL, DELTA, SAME = 0, 1, 2        # how a chunk is stored: coded whole, as a delta, reused
+PAIR = 3                           # coded on its low-precision copy (s4fs.codec._pair)
+
+#: a sample's share of words within half a step of the copy for a chunk to be coded on it
+#: (an exact rounding: all; stochastic rounding: about half; an unrelated tensor: ~none)
+PAIR_SHARE = 0.25
+#: a pair coded to at most this share of its raw bytes is kept without coding the chunk
+#: alone as well (an exact rounding codes to ~0.5; an fp32 weight alone to ~0.83)
+PAIR_SURE = 0.7
+
+
+def code_pair(data, checksum: int, pair, cfg: IngestConfig) -> bytes | None:
+    """An fp32 chunk coded on its low-precision copy — ``pair`` is ``(copy dtype, copy
+    ref, copy bytes fn)`` — when the copy is about the chunk rounded (a sample says) and
+    the pair codes smaller than ``cfg.delta_min_gain`` of the chunk's raw size; None:
+    code it by the usual rule. On the CPU (its blobs decode anywhere)."""
+    kind, ref, copy_bytes = pair
+    copy = readable_base(copy_bytes, f"pack {ref.pack}")
+    if copy is None or len(copy) * 2 != len(data) or ref.checksum != codec.checksum(copy):
+        return None
+    if codec.pair_share(data, copy, kind) < PAIR_SHARE:
+        return None
+    blob = codec.compress(data, "float32", base=copy, device="cpu", checksum=checksum,
+                          base_checksum=ref.checksum, transform="pair", base_dtype=kind)
+    if len(blob) > cfg.delta_min_gain * len(data):
+        return None
+    if len(blob) > PAIR_SURE * len(data) and \
+            len(codec.compress(data, "float32", device="cpu", checksum=checksum)) <= len(blob):
+        return None          # not a rounding after all: never larger than coded alone
+    return blob
 
 
 def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
-               cfg: IngestConfig, device: str | None = None) -> tuple[bytes, int]:
+               cfg: IngestConfig, device: str | None = None,
+               pair=None) -> tuple[bytes, int]:
     """Code one chunk: ``(blob, FULL)``, ``(delta, DELTA)`` against ``base`` (whose raw
     bytes ``base_bytes()`` returns), or ``(b"", SAME)`` when it equals its base. A delta
     is kept when it is tiny, or no larger than ``cfg.delta_min_gain`` of the full coding,
@@ -33,6 +63,10 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     sample (:func:`guess_sizes`) says which way to code first, so most chunks are coded
     once; the other way is coded too only where the real size contradicts the guess."""
     device = cfg.device if device is None else device
+    if pair is not None:
+        blob = code_pair(data, checksum, pair, cfg)
+        if blob is not None:
+            return blob, PAIR
 
     def whole() -> bytes:         # the chunk's checksum is this data's: not taken again
         return codec.compress(data, dtype, device=device, checksum=checksum)
@@ -166,11 +200,13 @@ def code_again(data, dtype: str, checksum: int, base_raw, base_checksum: int,
 
 
 def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_bytes,
-                 cfg: IngestConfig, device: str | None = None) -> tuple:
+                 cfg: IngestConfig, device: str | None = None, pair=None) -> tuple:
     """:func:`code_chunk`'s choice as ``(blob | None, base ref | None, checksum, raw
     length)`` (what ``s4fs.write.PackWriter.place`` takes): no blob when the chunk is its
     base, no base when it is coded whole."""
-    blob, kind = code_chunk(data, dtype, checksum, base, base_bytes, cfg, device)
+    blob, kind = code_chunk(data, dtype, checksum, base, base_bytes, cfg, device, pair)
+    if kind == PAIR:
+        return blob, pair[1], checksum, len(data)
     return (None if kind == SAME else blob), (None if kind == FULL else base), checksum, \
         len(data)
 

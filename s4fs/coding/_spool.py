@@ -12,11 +12,13 @@ from concurrent.futures import Future
 import xxhash
 
 from s4fs import keys
+from s4fs.codec import PAIR_COPIES
 from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_pack
 from s4fs.coding._config import IngestConfig, placement
 from s4fs.coding._jobs import Item, Job
 from s4fs.coding._pools import Pools
-from s4fs.coding._rule import DELTA, SAME
+from s4fs.coding._rule import DELTA, PAIR, SAME
+from s4fs.coding._worker import read_ranges
 from s4fs.manifest import ChunkRef, Stream
 
 
@@ -86,23 +88,43 @@ class SpoolCoding:
         self._tensor = _Chunk()
         self._tensor_stream: Stream | None = None
         self._tensor_base: Stream | None = None
+        self._tensor_pair: Stream | None = None  # the copy the current tensor is coded on
         self._tensor_idx = 0                # chunks emitted for the current tensor
+        # the spool ranges of each chunk of the low-precision tensors (a later fp32
+        # tensor may be their master: s4fs.write.pairs), by id of their stream
+        self._copy_ranges: dict[int, list] = {}
 
     # --- pieces in -------------------------------------------------------------------
 
     def raw_piece(self, offset: int, piece) -> None:
         self._cut(offset, piece, "_raw", self._emit_raw)
 
-    def tensor_piece(self, offset: int, piece, stream: Stream, base: Stream | None) -> None:
+    def tensor_piece(self, offset: int, piece, stream: Stream, base: Stream | None,
+                     pair: Stream | None = None) -> None:
         """``piece`` of tensor ``stream`` (coded against ``base``, a stream of the base
-        version, if any) lies at ``offset`` of the spool."""
-        self._tensor_stream, self._tensor_base = stream, base
-        self._cut(offset, piece, "_tensor", self._emit_tensor)
+        version, if any; or on ``pair``, the low-precision copy of this fp32 tensor
+        earlier in the file) lies at ``offset`` of the spool."""
+        self._tensor_stream, self._tensor_base, self._tensor_pair = stream, base, pair
+        # a master's chunks hold the elements of its copy's: twice the bytes
+        step = 2 * self.cfg.chunk_size if pair is not None else self.cfg.chunk_size
+        self._cut(offset, piece, "_tensor", self._emit_tensor, step)
 
-    def _cut(self, offset: int, piece, which: str, emit) -> None:
+    def copy_head(self, stream: Stream, n: int) -> bytes | None:
+        """The first ``n`` bytes of low-precision tensor ``stream`` (from the spool)."""
+        ranges, got = [], 0
+        for chunk in self._copy_ranges.get(id(stream), []):
+            for o, m in chunk:
+                take = min(m, n - got)
+                if take > 0:
+                    ranges.append((o, take))
+                    got += take
+        return read_ranges(self.spool, ranges) if got == n else None
+
+    def _cut(self, offset: int, piece, which: str, emit, step: int = 0) -> None:
         """Add ``piece`` (at spool ``offset``) to the chunk ``which``; each time it is
-        full, ``emit`` sends it off and starts the next."""
-        step = self.cfg.chunk_size
+        ``step`` bytes long (default: the chunk size), ``emit`` sends it off and starts
+        the next."""
+        step = step or self.cfg.chunk_size
         mv = memoryview(piece)
         while len(mv):
             chunk = getattr(self, which)
@@ -124,21 +146,45 @@ class SpoolCoding:
         self._tensor_idx = 0
 
     def _emit_tensor(self) -> None:
-        base = base_chunk(self._tensor_base, self._tensor_idx)
-        where = (self._bases.range_of(self._tensor_base, self._tensor_idx)
-                 if base is not None else None)
-        self._emit(self._tensor_stream, self._tensor, self._tensor_stream.dtype, base,
-                   where)
+        stream = self._tensor_stream
+        pair = self._pair_of(self._tensor_idx) if self._tensor_pair is not None else None
+        if pair is not None:
+            self._emit(stream, self._tensor, stream.dtype, pair[2], None, pair)
+        else:
+            base = base_chunk(self._tensor_base, self._tensor_idx)
+            where = (self._bases.range_of(self._tensor_base, self._tensor_idx)
+                     if base is not None else None)
+            if stream.dtype in PAIR_COPIES:
+                self._copy_ranges.setdefault(id(stream), []).append(
+                    tuple(self._tensor.ranges))
+            self._emit(stream, self._tensor, stream.dtype, base, where)
         self._tensor_idx += 1
         self._tensor = _Chunk()
 
     # --- batches ---------------------------------------------------------------------
 
-    def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where) -> None:
+    def _pair_of(self, idx: int) -> tuple | None:
+        """(copy dtype, spool ranges, ChunkRef) of chunk ``idx`` of the current tensor's
+        copy — its reference known once its batch is back, so waited for here (the copy
+        came earlier in the file: its batches are among the first in flight)."""
+        copy = self._tensor_pair
+        ranges = self._copy_ranges.get(id(copy), [])
+        if idx >= len(ranges):
+            return None
+        while len(copy.chunks) <= idx and self._pending:
+            self._drain_one()
+        if len(copy.chunks) <= idx:
+            return None
+        return copy.dtype, ranges[idx], copy.chunks[idx]
+
+    def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where,
+              pair: tuple | None = None) -> None:
+        """``pair``: the chunk's copy (``_pair_of``); ``base`` is then the copy's ref."""
         sum_ = chunk.hasher.intdigest()
         lane = int(base is not None and base.key() in self._lanes)
         b = self._batches[lane]
-        b.items.append(Item(tuple(chunk.ranges), dtype, sum_, base, where))
+        b.items.append(Item(tuple(chunk.ranges), dtype, sum_,
+                            None if pair is not None else base, where, pair))
         b.nbytes += chunk.length
         b.left += 1
         self._pending.append((stream, b, len(b.items) - 1, chunk.length, sum_, base))
@@ -181,7 +227,7 @@ class SpoolCoding:
         r = b.result.items[i]
         if r.kind == SAME:
             ref = base
-        elif r.kind == DELTA:
+        elif r.kind in (DELTA, PAIR):     # on the base version's chunk, or the copy
             ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, base.depth + 1, base)
         else:
             ref = ChunkRef(b.key, r.offset, r.stored, raw, sum_, 0, None)

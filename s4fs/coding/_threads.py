@@ -83,13 +83,14 @@ class ThreadPool(CodingPool):
     def _code_on_cpu(self, items) -> list:
         out = []
         with self._base_file(items) as fd:
-            for data, dtype, base, where in items:
+            for data, dtype, base, where, *pair in items:
                 sum_ = codec.checksum(data)
                 if self.source is None:
                     base = None
                 out.append(chunk_result(data, dtype, sum_, base,
                                         lambda base=base, where=where:
-                                        base_bytes(fd, where, base, self.source), self.cfg))
+                                        base_bytes(fd, where, base, self.source), self.cfg,
+                                        pair=pair[0] if pair else None))
         return out
 
     @contextlib.contextmanager

@@ -109,6 +109,16 @@ def job_files(job: Job):
             os.close(base_fd)
 
 
+def read_ranges(path: str, ranges) -> bytes:
+    """Bytes at ``ranges`` ((offset, length), ...) of the file at ``path``, concatenated:
+    a pair's copy, earlier in the spool being coded."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return b"".join(_pread_all(fd, o, n) for o, n in ranges)
+    finally:
+        os.close(fd)
+
+
 def read_item(fd: int, item: Item) -> bytes:
     """An item's bytes: its spool ranges, concatenated."""
     if len(item.ranges) == 1:

@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import os
 import time
 
+import numpy as np
 import xxhash
 
 from s4fs import codec, metrics
@@ -118,12 +119,30 @@ def decode_on_gpu(source: "ChunkSource", refs, *, batch_bytes: int = 1 << 30,
             if k + 1 < len(groups):
                 nxt = ahead.submit(read, groups[k + 1])
             host = to_host and all(r.key() in asked and r.key() not in bases for r in group)
+            # pairs (fp32 words coded on their low-precision copy) restore on the host
+            pairs = [j for j, r in enumerate(group) if r.paired]
+            rest = [j for j in range(len(group)) if not group[j].paired]
             with _corrupt("a chunk of this file"):
-                outs = run(gpu.decompress_many,
-                           blobs, [decoded[r.base.key()] if r.base is not None else None
-                                   for r in group], out="host" if host else "device")
-            decoded.update((r.key(), o) for r, o in zip(group, outs))
+                outs = run(gpu.decompress_many, [blobs[j] for j in rest],
+                           [decoded[group[j].base.key()] if group[j].base is not None
+                            else None for j in rest], out="host" if host else "device")
+            decoded.update((group[j].key(), o) for j, o in zip(rest, outs))
+            for j in pairs:
+                r = group[j]
+                with _corrupt("a chunk of this file"):
+                    data = codec.decompress(_on_host(blobs[j]),
+                                            base=_on_host(decoded[r.base.key()]),
+                                            device="cpu")
+                arr = np.frombuffer(data, dtype=np.uint8)
+                decoded[r.key()] = memoryview(arr) if host else run(gpu.to_device, arr)
     return decoded
+
+
+def _on_host(arr) -> bytes:
+    """A decoded or fetched buffer's bytes on the host (a CuPy array is copied back)."""
+    if hasattr(arr, "get"):
+        return arr.get().tobytes()
+    return bytes(memoryview(arr).cast("B"))
 
 
 RUN_GAP = 1 << 16          # blobs this close in one pack are read in one go

@@ -24,12 +24,14 @@ from typing import Callable
 import xxhash
 
 from s4fs import keys, metrics
+from s4fs.codec import PAIR_COPIES
 from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, Pools,
                          SpoolCoding, ThreadPool, base_chunk, base_streams, placement,
                          saw_pack)
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, ManifestBuilder, Stream
 from s4fs.stores import Store
+from s4fs.write.pairs import Pairs
 
 __all__ = ["IngestSession", "PackWriter"]
 
@@ -240,6 +242,7 @@ class IngestSession:
         self._tensor_buf = bytearray()
         self._tensor_len = 0
         self._tensor_base: list[ChunkRef] | None = None
+        self._tensor_pair: Stream | None = None  # the copy the tensor is coded on
         self._pending: deque[_Pending] = deque()
         self._base = base
         self._base_info = {"path": base_path, "id": base.id} if base is not None else None
@@ -255,7 +258,8 @@ class IngestSession:
         self._proc: SpoolCoding | None = None
         self._threads: ThreadPool | None = None
         self._gpu: GpuBatches | None = None
-        if placement(cfg, spool=spool_path is not None).processes:
+        where = placement(cfg, spool=spool_path is not None)
+        if where.processes:
             # the CPU worker processes, or the GPU worker process
             self._proc = SpoolCoding(store, cfg, pools, spool_path, self._raw, self._bases,
                                      label, lanes)
@@ -263,6 +267,9 @@ class IngestSession:
             self._threads = ThreadPool(cfg, source, self._bases.path, pools=pools)
             if self._threads.gpu:
                 self._gpu = GpuBatches(self._threads)
+        # fp32 tensors coded on their low-precision copies (pairs are coded on the CPU)
+        self._pairs = Pairs(self._copy_head) if cfg.pairs and not where.gpu else None
+        self._copy_chunks: dict[int, list] = {}   # in-process: each copy's chunk bytes
 
     # --- input -------------------------------------------------------------------------
 
@@ -312,13 +319,18 @@ class IngestSession:
             self._tensor_sidx = self._m.add(self._tensor)
             self._tensor_seg = seg.index
             self._tensor_len = 0
-            self._tensor_base = self._match_base(seg)
+            self._tensor_pair = self._pairs.match(seg.dtype, seg.length, piece) \
+                if self._pairs is not None else None
+            # a master is coded on its copy, not on its previous version
+            self._tensor_base = self._match_base(seg) if self._tensor_pair is None else None
         self._m.place(self.size, len(piece), self._tensor_sidx, self._tensor_len)
         self._tensor_len += len(piece)
         if self._proc is not None:
-            self._proc.tensor_piece(self.size, piece, self._tensor, self._tensor_base)
+            self._proc.tensor_piece(self.size, piece, self._tensor, self._tensor_base,
+                                    self._tensor_pair)
             return
-        step = self.cfg.chunk_size
+        # a master's chunks hold the elements of its copy's: twice the bytes
+        step = self.cfg.chunk_size * (2 if self._tensor_pair is not None else 1)
         mv = memoryview(piece)
         while len(mv):
             if self._stable and not self._tensor_buf and len(mv) >= step:
@@ -342,6 +354,13 @@ class IngestSession:
 
     def _emit_tensor(self, chunk) -> None:
         idx = len(self._tensor.chunks) + sum(1 for p in self._pending if p.stream is self._tensor)
+        if self._tensor_pair is not None:
+            pair = self._pair_of(idx)
+            if pair is not None:
+                self._emit(self._tensor, chunk, self._tensor.dtype, None, None, pair)
+                return
+        elif self._pairs is not None and self._tensor.dtype in PAIR_COPIES:
+            self._copy_chunks.setdefault(id(self._tensor), []).append(chunk)
         base = base_chunk(self._tensor_base, idx)
         where = None
         if base is not None:            # where its bytes lie in the base's local copy
@@ -351,8 +370,37 @@ class IngestSession:
     def _end_tensor(self) -> None:
         if self._tensor is not None:
             self._flush_tensor()
+            if self._pairs is not None and self._tensor_pair is None:
+                self._pairs.copy_done(self._tensor, self._tensor_len)
             self._tensor = None
+            self._tensor_pair = None
             self._tensor_seg = -1
+
+    # --- pairs (s4fs.write.pairs) ------------------------------------------------------
+
+    def _copy_head(self, stream: Stream, n: int) -> bytes | None:
+        """The first ``n`` bytes of low-precision tensor ``stream``."""
+        if self._proc is not None:
+            return self._proc.copy_head(stream, n)
+        chunks = self._copy_chunks.get(id(stream))
+        if not chunks:
+            return None
+        head = bytes(memoryview(chunks[0]).cast("B")[:n])
+        return head if len(head) == n else None
+
+    def _pair_of(self, idx: int) -> tuple | None:
+        """(copy dtype, copy ref, copy bytes fn) of chunk ``idx`` of the current tensor's
+        copy, its reference waited for (it was sent earlier); None past its end."""
+        copy = self._tensor_pair
+        chunks = self._copy_chunks.get(id(copy), [])
+        if idx >= len(chunks):
+            return None
+        while len(copy.chunks) <= idx and self._pending:
+            self._drain_one()
+        if len(copy.chunks) <= idx:
+            return None
+        data = chunks[idx]
+        return copy.dtype, copy.chunks[idx], lambda: data
 
     # --- delta bases -------------------------------------------------------------------
 
@@ -364,7 +412,7 @@ class IngestSession:
     # --- coding ------------------------------------------------------------------------
 
     def _emit(self, stream: Stream, data: bytes, dtype: str, base: ChunkRef | None,
-              where: tuple[int, int] | None = None) -> None:
+              where: tuple[int, int] | None = None, pair: tuple | None = None) -> None:
         limit = self._threads.max_in_flight
         if self._gpu is not None:       # room for one batch coding and the next filling
             limit = max(limit, 2 * self._gpu.batch_chunks)
@@ -375,7 +423,8 @@ class IngestSession:
             fut = self._gpu.add(data, dtype, base if self._source is not None else None, where)
             self._pending.append(_Pending(stream, fut, lane=lane))
         else:                           # a batch of one chunk: coded on a codec thread
-            fut = self._threads.submit(ChunkBatch(((data, dtype, base, where),)))
+            item = (data, dtype, base, where) + ((pair,) if pair is not None else ())
+            fut = self._threads.submit(ChunkBatch((item,)))
             self._pending.append(_Pending(stream, fut, batch=True, lane=lane))
 
     def _drain_one(self) -> None:
