@@ -356,6 +356,11 @@ class Filesystem:
         """(WriterPort) ``w`` closed or failed."""
         self.files.writer_gone(w, w.path)
 
+    def spool_renewed(self, w: WriteHandle) -> None:
+        """(WriterPort) ``w`` writes into a new spool file from now on (an ``O_TRUNC``
+        open of it): its readers move to it."""
+        self.files.spool_renewed(w)
+
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
         """(WriterPort) The ingest of a new version of ``path``, its delta base chosen

@@ -111,6 +111,13 @@ class OpenFiles:
             # a failed first save leaves no file at all: the kernel forgets its name too
             self._invalidate(node, gone)
 
+    def spool_renewed(self, w: WriteHandle) -> None:
+        """``w``'s spool is a new file: the readers of its node read from it next."""
+        with self.lock:
+            node = w.node
+            if node is not None and node.writer is w:
+                node.changed()
+
     def truncated(self, path: str, m: Manifest) -> None:
         """``path`` was truncated to zero from version ``m``."""
         with self.lock:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class NodeReader:
         self._on_release = on_release
         self._lock = threading.Lock()
         self._old: list = []                  # views left behind: released at the end
+        # (view, when) of the file's bytes before an in-place truncation on this mount
+        self._before: tuple | None = None
         self._released = False
 
     def _current(self):
@@ -89,6 +92,9 @@ class NodeReader:
             with self._lock:
                 if self.node.gen != self._gen:
                     view, gen = self._view_of(self.node)
+                    if view is not None and _shrinks(self._view, view):
+                        # overwritten in place on this mount: see _past_end
+                        self._before = (self._view, time.monotonic())
                     if view is not None:
                         if log.isEnabledFor(logging.INFO):
                             # to another size: the kernel sees it too (an mmap past the
@@ -106,7 +112,36 @@ class NodeReader:
     def read(self, offset: int, size: int):
         view = self._current()
         self._on_read(self.node)
-        return view.read(offset, size)
+        data = view.read(offset, size)
+        if len(data) < size and self._before is not None:
+            return self._past_end(offset, size, data)
+        return data
+
+    def _past_end(self, offset: int, size: int, data):
+        """A read past the end of a file just truncated on this mount (``O_TRUNC``,
+        ``truncate``): the kernel sent it before it applied the truncation — after that
+        it asks only for bytes below its new size, which the writer's bytes reach
+        before the kernel grows it — and will drop the pages it fills. Answered with
+        the bytes the file had there, as a local disk's read racing a truncate returns
+        them: a short answer would have the kernel fill the pages with zeros and copy
+        them out to that reader, bytes of neither version (docs/SEMANTICS.md)."""
+        before, since = self._before
+        if time.monotonic() - since > PAST_END_SECONDS:
+            self._before = None
+            return data
+        start = offset + len(data)
+        # the page holding the new end: a read the kernel sends now may ask for all of
+        # it, and past the end it holds zeros (old bytes there would stay cached)
+        page_end = -(-start // PAGE) * PAGE
+        if offset + size <= page_end:
+            return data
+        try:
+            rest = before.read_held(page_end, offset + size - page_end)
+        except Exception:              # noqa: BLE001 - the old bytes are a courtesy
+            return data
+        if not rest:
+            return data
+        return bytes(data) + bytes(page_end - start) + bytes(rest)
 
     def read_now(self, offset: int, size: int):
         """``read`` when it cannot block: the node has not changed since the last read
@@ -145,6 +180,22 @@ class NodeReader:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self._current(), name)
+
+
+#: how long after an in-place truncation a read past the new end is answered with the
+#: old bytes (the kernel applies a truncation within milliseconds of our answer)
+PAST_END_SECONDS = 10.0
+PAGE = 4096
+
+
+def _shrinks(old, new) -> bool:
+    """Whether moving a reader from view ``old`` to ``new`` is this mount's in-place
+    overwrite or truncation of the file (``new`` the writer's spool, shorter), not
+    another version committed elsewhere."""
+    try:
+        return new.is_spool and new.size < old.held_size
+    except Exception:                  # noqa: BLE001 - a view that cannot say: no
+        return False
 
 
 def _size(view):

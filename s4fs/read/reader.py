@@ -571,6 +571,27 @@ class ReadHandle:
     def size(self) -> int:
         return self._reader.size if self._reader is not None else self._size_fn()
 
+    @property
+    def is_spool(self) -> bool:
+        """Whether this view reads a writer's spool on this mount (no manifest)."""
+        return self._reader is None and self._m is None
+
+    @property
+    def held_size(self) -> int:
+        """The bytes this view can still give: its file's own size where it reads a
+        local file (a spool emptied into a new file since keeps its old inode's), else
+        the version's."""
+        if self._fd is not None:
+            return os.fstat(self._fd).st_size
+        return self.size
+
+    def read_held(self, offset: int, size: int) -> bytes:
+        """Bytes at ``offset`` of what this view held (``held_size``): a read past the
+        end of the file it now reads (s4fs.read.node)."""
+        if self._fd is not None:
+            return os.pread(self._fd, max(0, size), offset)
+        return self.read(offset, size)
+
     def local_file(self) -> int | None:
         """The descriptor of a whole local copy of the committed version this handle
         reads (the decoded cache), or None (a spool, or the store)."""

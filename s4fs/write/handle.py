@@ -104,6 +104,9 @@ class WriterPort(Protocol):
     def release_writer(self, w: "WriteHandle") -> None:
         """``w`` closed or failed: the file is its last committed version again."""
 
+    def spool_renewed(self, w: "WriteHandle") -> None:
+        """``w`` writes into a new spool file (an ``O_TRUNC`` open): readers move to it."""
+
 
 class WriteHandle:
     """One file open for writing on this mount, shared by every descriptor open on it.
@@ -180,7 +183,21 @@ class WriteHandle:
             if self.state in (State.CLOSED, State.FAILED):
                 return False
             self.refs += 1
-            if truncate:
+            if truncate and not self.kernel.on and self.spool.size:
+                # an O_TRUNC open of a file still open (or, writeback, not yet
+                # committed): emptied into a new spool file, so that readers' requests
+                # sent before the kernel applied the truncation still find the bytes
+                # (s4fs.read.node); its readers move to the new one
+                self._check()
+                self.stream.rewrites(0)
+                try:
+                    self.spool.renew()
+                except BaseException as exc:
+                    self.fail(exc)
+                    raise
+                self._touch()
+                self.fs.spool_renewed(self)
+            elif truncate:
                 self.truncate(0)
             return True
 

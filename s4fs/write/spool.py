@@ -124,6 +124,24 @@ class Spool:
             self._mark(self.size, size)
         self.size = size
 
+    def renew(self) -> None:
+        """Empty the spool as ``truncate(0)`` does, but into a new file put in its place
+        (same name): descriptors taken with :meth:`dup` before keep the old bytes. A
+        reader's request the kernel sent before it applied an ``O_TRUNC`` may still be
+        answered with them (s4fs.read.node), never with the zeros of a file already
+        emptied."""
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.name), prefix="spool-")
+        try:
+            os.rename(tmp, self.name)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(self.fd)
+        self.fd = fd
+        self.size = self.frontier = 0
+        self._islands = []
+
     def written_to(self, size: int) -> None:
         """Someone else (the kernel, FUSE passthrough) wrote this file: it is ``size``
         bytes, all of them written."""

@@ -181,6 +181,22 @@ def explain_nearest(got: bytes, off: int, versions: list) -> str:
     return text + f" (of {len(versions)} versions)"
 
 
+def page_map(got: bytes, off: int, versions: dict, page: int = 4096) -> str:
+    """Which version (or zeros) each 4 KiB page of ``got`` holds at its offset, as runs:
+    "pages 0-465 old, 465-977 zeros" — what a failure message needs to tell a stale page
+    from a torn write or a wrong file."""
+    runs: list[list] = []
+    for k in range(0, len(got), page):
+        piece = got[k:k + page]
+        who = next((n for n, v in versions.items() if v[off + k:off + k + len(piece)] == piece),
+                   "zeros" if not piece.strip(b"\0") else "neither")
+        if runs and runs[-1][2] == who:
+            runs[-1][1] = k // page + 1
+        else:
+            runs.append([k // page, k // page + 1, who])
+    return "pages " + ", ".join(f"{a}-{b} {w}" for a, b, w in runs)
+
+
 class PreadLoop(threading.Thread):
     """Keeps reading ``fd`` (one pread of ``size`` bytes at ``off`` per read) and checks
     that every read is a slice of one of ``versions`` (a dict it rereads every time; None:
@@ -191,6 +207,7 @@ class PreadLoop(threading.Thread):
         super().__init__(daemon=True)
         self.fd, self.versions, self.size, self.off = fd, versions, size, off
         self.switch_ok = switch_ok       # one switch to the next version within a read
+        self.history: dict = {}          # earlier versions, named in failure messages
         self.halt = threading.Event()
         self.reads = 0
         self.bad = 0
@@ -214,7 +231,9 @@ class PreadLoop(threading.Thread):
                                                                   versions)))):
                 self.bad += 1
                 if len(self.failures) < 3:
-                    self.failures.append(explain(got, self.off, dict(self.versions)))
+                    seen = {**self.history, **self.versions}
+                    self.failures.append(explain(got, self.off, dict(self.versions)) + "; "
+                                         + page_map(got, self.off, seen))
 
     def stop(self) -> None:
         self.halt.set()
@@ -255,6 +274,8 @@ def test_a_fresh_open_after_an_in_place_overwrite_reads_the_new_version(mount_fa
             # a read racing the truncate may be old up to a byte and new after it (as on
             # a local disk); new bytes followed by old ones are stale pages
             reader = PreadLoop(r, {"old": old, "new": new}, len(old), switch_ok=True)
+            reader.history = {f"{k} of round {j}": random_bytes(f"{k}-{j}", 8 * MiB)
+                              for j in range(rnd) for k in ("old", "new")}
             reader.start()
             try:
                 write_in_pieces(p, new)
