@@ -325,7 +325,8 @@ def cmd_stat(args) -> int:
         for t in r["tensors"]:
             pct = 100 * t["stored"] / t["logical"] if t["logical"] else 0
             print(f"  {t['name'][:60]:<60} {t['dtype']:<14} {t['logical']:>12} "
-                  f"{t['stored']:>12} {pct:>6.1f}")
+                  f"{t['stored']:>12} {pct:>6.1f}"
+                  + (f"  coded on its copy {t['paired_on']}" if t.get("paired_on") else ""))
     return 0
 
 

@@ -86,6 +86,38 @@ def test_stored_smaller_and_stat_cli(mounted):
     assert 0 < r["stored"] < r["logical"]
 
 
+def test_a_mixed_precision_checkpoint_stores_its_masters_on_their_copies(mounted, tmp_path):
+    """torch.save of a bf16 model with its fp32 masters and AdamW state, unchanged code:
+    read back exact after a remount, stored within 2 % of the same file without the
+    copy, and ``s4fs stat`` names the copy each master is coded on (issue 57)."""
+    import json
+    g = torch.Generator().manual_seed(3)
+    master = {f"block{i}.weight": torch.randn(512, 1024, generator=g) * 0.02
+              for i in range(3)}
+    opt = {"state": {i: {"exp_avg": v * 1e-3} for i, v in enumerate(master.values())},
+           "fp32_from_fp16_params": list(master.values())}
+    sd = {"model": {k: v.bfloat16() for k, v in master.items()}, "optimizer": opt}
+    dst = os.path.join(mounted.path, "mixed.pt")
+    alone = os.path.join(mounted.path, "masters.pt")
+    torch.save(sd, dst)
+    torch.save({"optimizer": opt}, alone)
+    twin = local_twin(tmp_path, "mixed.pt")
+    torch.save(sd, twin)
+    mounted.sync()
+    mounted.restart()
+    assert sha(dst) == sha(twin)
+    assert_same(torch.load(dst), sd)
+
+    def stat(path):
+        return json.loads(subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", path,
+                                          "--json"], capture_output=True, text=True,
+                                         check=True).stdout)
+    pair, masters = stat(dst), stat(alone)
+    assert pair["stored"] <= 1.02 * masters["stored"], (pair["stored"], masters["stored"])
+    on = [t for t in pair["tensors"] if t.get("paired_on")]
+    assert len(on) == 3 and all("model" in t["paired_on"] for t in on), pair["tensors"]
+
+
 def test_cp_mv_rm_ls_stat(mounted, tmp_path):
     src = tmp_path / "blob.bin"
     src.write_bytes(os.urandom(3_000_000) + bytes(2_000_000))
