@@ -175,3 +175,30 @@ def test_stat_says_what_a_tensor_is_coded_on(tmp_path):
     assert len(rows) == 2, report["tensors"]
     assert all(r["paired_on"].startswith("model/") or "model" in r["paired_on"]
                for r in rows), rows
+
+
+@pytest.mark.parametrize("to_host", [False, True])
+def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host):
+    """The GPU's batched decode (s4fs.load to CUDA, a --device cuda decode ahead) hands
+    back a master chunk coded on its copy exactly as the CPU does (on the emulated GPU:
+    the real pipeline on the CPU)."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
+    from emulated_gpu import emulated_gpu
+    from s4fs.read.reader import decode_on_gpu
+    root = tmp_path / "store"
+    fs = make_fs(root, tmp_path / "cache")
+    try:
+        put(fs, "ckpt.pt", tbytes(mixed(weights(n=2))))
+        m = fs.manifest("ckpt.pt")
+        refs = [c for s in m.streams for c in s.chunks]
+        want = {c.key(): bytes(fs.source.get(c)) for c in refs}
+        assert any(c.paired for c in refs)
+        emulated_gpu(monkeypatch)
+        got = decode_on_gpu(fs.source, refs, to_host=to_host)
+    finally:
+        fs.close()
+    for c in refs:
+        arr = got[c.key()]
+        data = arr.get() if hasattr(arr, "get") else arr
+        assert bytes(memoryview(data).cast("B")) == want[c.key()], c
