@@ -172,9 +172,9 @@ class Fill:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, m.size)
-            # how the workers write it (a shared mapping in tmpfs, its pages reserved
-            # now: a tmpfs without room for the copy is found here, and its reads
-            # decode in the daemon)
+            # how the workers write it (a shared mapping in tmpfs, pwrite elsewhere),
+            # its blocks reserved now: a cache disk without room for the copy is found
+            # here, and its reads decode in the daemon
             self.mapped = mapped_copy(fd, m.size)
         except OSError:
             os.close(fd)
