@@ -1,0 +1,167 @@
+"""A weight kept twice: stored bytes of mixed-precision checkpoints with pairs on and off.
+
+Real data: all-MiniLM-L6-v2 fine-tuned ``--steps`` real AdamW steps (bench/_minilm.py);
+its fp32 weights are the masters, their bf16 (or fp16) rounding the copy a
+mixed-precision model computes with. Layouts, each one torch file:
+
+* ``copy + masters + AdamW``: Megatron's legacy layout — ``{"model": copy,
+  "optimizer": {"state": AdamW, "fp32_from_fp16_params": masters}}``;
+* ``masters + AdamW``: the same without the copy (what the pair should cost);
+* ``masters first``: the masters saved before the copy (not paired: stored as before).
+
+Per layout: s4fs stored MiB with pairs on and off, through the mount's coding path
+(worker processes fed from a spool; no FUSE) and the API's (threads); ZipNN 0.5 per
+tensor and zstd -3 on the file beside them; save seconds and a fresh node's read seconds
+(median of ``--repeat``). Every file is read back and compared byte for byte.
+
+    python bench/mixed.py [--steps 20] [--repeat 3] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import machine, table  # noqa: E402
+
+MiB = 1 << 20
+
+
+def layouts(steps: int) -> dict[str, bytes]:
+    import torch
+    from _minilm import finetune
+    *_, (_, model, opt) = finetune(steps)
+    masters = [v for v in model.values() if v.dtype == torch.float32]
+    optim = {"state": opt["state"], "param_groups": opt["param_groups"],
+             "fp32_from_fp16_params": masters}
+
+    def save(obj) -> bytes:
+        b = io.BytesIO()
+        torch.save(obj, b)
+        return b.getvalue()
+    bf16 = {k: v.to(torch.bfloat16) for k, v in model.items()}
+    fp16 = {k: v.to(torch.float16) for k, v in model.items()}
+    return {
+        "bf16 copy + masters + AdamW": save({"model": bf16, "optimizer": optim}),
+        "fp16 copy + masters + AdamW": save({"model": fp16, "optimizer": optim}),
+        "masters + AdamW (no copy)": save({"optimizer": optim}),
+        "masters first, then bf16 copy": save({"optimizer": optim, "model": bf16}),
+    }
+
+
+def s4fs_row(data: bytes, work: str, repeat: int, *, processes: bool,
+             pairs: bool) -> tuple[int, float, float]:
+    """(stored bytes, median save s, median fresh-node read s)."""
+    from s4fs.coding import IngestConfig
+    from s4fs.fs import Filesystem, FsConfig
+    from s4fs.stores import LocalStore
+    saves, reads, stored = [], [], 0
+    for k in range(repeat):
+        root = tempfile.mkdtemp(dir=work)
+        cfg = IngestConfig(processes=processes, pairs=pairs)
+        fs = Filesystem(LocalStore(os.path.join(root, "store")),
+                        FsConfig(ingest=cfg, cache_dir=os.path.join(root, "cache")))
+        try:
+            t0 = time.perf_counter()
+            h = fs.open_write("ckpt.pt")
+            for i in range(0, len(data), MiB):
+                h.write(i, data[i:i + MiB])
+            h.flush()
+            h.release()
+            saves.append(time.perf_counter() - t0)
+            stored = fs.manifest("ckpt.pt").stored_bytes()
+        finally:
+            fs.close()
+        cold = Filesystem(LocalStore(os.path.join(root, "store")),
+                          FsConfig(ingest=cfg, cache_dir=os.path.join(root, "fresh")))
+        try:
+            t0 = time.perf_counter()
+            r = cold.open_read("ckpt.pt")
+            got = r.read(0, len(data) + 1)
+            r.release()
+            reads.append(time.perf_counter() - t0)
+        finally:
+            cold.close()
+        if bytes(got) != data:
+            raise SystemExit("s4fs: the bytes read back differ")
+    return stored, statistics.median(saves), statistics.median(reads)
+
+
+def zipnn_per_tensor(data: bytes) -> int | None:
+    """ZipNN on every storage of the file with its dtype, the rest with zstd -3."""
+    try:
+        from zipnn import ZipNN
+    except ImportError:
+        return None
+    import torch
+    import zstandard
+    sd = torch.load(io.BytesIO(data), weights_only=False)
+    total, seen = 0, set()
+    coders: dict = {}
+
+    def walk(o):
+        nonlocal total
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            if st.data_ptr() in seen:
+                return
+            seen.add(st.data_ptr())
+            name = str(o.dtype).replace("torch.", "")
+            # the storage's bytes (ZipNN overwrites its input: a copy of its own)
+            raw = bytearray(torch.empty(0, dtype=torch.uint8).set_(st).numpy().tobytes())
+            if name in ("float32", "bfloat16", "float16"):
+                z = coders.get(name) or coders.setdefault(
+                    name, ZipNN(input_format="byte", bytearray_dtype=name))
+                total += len(z.compress(raw))
+            else:
+                total += len(zstandard.compress(bytes(raw), 3))
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+    walk(sd)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20, help="real AdamW steps of MiniLM")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work", help="scratch folder (default: a temp dir)")
+    a = ap.parse_args()
+    import zstandard
+    work = tempfile.mkdtemp(prefix="s4fs-mixed-", dir=a.work)
+    files = layouts(a.steps)
+    rows = []
+    for name, data in files.items():
+        cells = [name, f"{len(data) / MiB:.1f}"]
+        timing = []
+        for processes in (True, False):
+            on = s4fs_row(data, work, a.repeat, processes=processes, pairs=True)
+            off = s4fs_row(data, work, a.repeat, processes=processes, pairs=False)
+            cells += [f"{on[0] / MiB:.1f}", f"{off[0] / MiB:.1f}"]
+            timing.append((on, off))
+        z = zipnn_per_tensor(data)
+        cells += [f"{z / MiB:.1f}" if z else "-",
+                  f"{len(zstandard.compress(data, 3)) / MiB:.1f}"]
+        (pon, poff), _ = timing
+        cells += [f"{pon[1]:.2f} / {poff[1]:.2f}", f"{pon[2]:.2f} / {poff[2]:.2f}"]
+        rows.append(cells)
+    print(f"# bench/mixed.py --steps {a.steps} --repeat {a.repeat}; {machine()}")
+    print(table(["file (MiniLM + AdamW)", "MiB", "stored MiB, pairs on (processes)",
+                 "pairs off (processes)", "pairs on (threads)", "pairs off (threads)",
+                 "ZipNN per tensor MiB", "zstd -3 MiB", "save s on / off (processes)",
+                 "fresh read s on / off (processes)"], rows))
+
+
+if __name__ == "__main__":
+    main()
