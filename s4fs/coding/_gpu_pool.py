@@ -247,8 +247,10 @@ class GpuPool(CodingPool):
                 w.conn.send((jid, kind, args))
         except (OSError, ValueError):
             with self._lock:
-                w.futures.pop(jid, None)
-            fut.set_exception(BrokenProcessPool("the GPU worker process ended"))
+                mine = w.futures.pop(jid, None) is not None
+            # else the answering thread saw the worker end first and failed it already
+            if mine and fut.set_running_or_notify_cancel():
+                fut.set_exception(BrokenProcessPool("the GPU worker process ended"))
         return fut
 
     def submit(self, job) -> Future:
