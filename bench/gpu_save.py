@@ -350,7 +350,7 @@ def traced_save(sd, path: str, config, what: str = "a first checkpoint") -> None
     import pstats
     import threading
     import s4fs
-    from s4fs.read import reader
+    from s4fs import chunks as reader
     from s4fs.codec import gpu
     from s4fs.stores.local import LocalStore
     ev: list = []

@@ -37,8 +37,8 @@ from s4fs.manifest import Manifest
 from s4fs.manifest_cache import ManifestCache
 from s4fs.namespace import PathChanges
 from s4fs.openfiles import OpenFiles
-from s4fs.read import (ChunkSource, DecodedCache, FileNode, Fills, NodeReader, PackCache,
-                       ReadHandle)
+from s4fs.chunks import ChunkSource
+from s4fs.read import DecodedCache, FileNode, Fills, NodeReader, PackCache, ReadHandle
 from s4fs.read.fetch import THREADS as FETCH_THREADS
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from s4fs import keys
 from s4fs.attr import Attr
@@ -18,16 +18,40 @@ from s4fs.errors import (AlreadyExists, Busy, DirectoryNotEmpty, InvalidArgument
 from s4fs.manifest import seconds_to_ns
 
 if TYPE_CHECKING:
-    from s4fs.fs import Filesystem
+    from s4fs.folders import Folders
+    from s4fs.links import Links
+    from s4fs.manifest import Manifest
+    from s4fs.manifest_cache import ManifestCache
+    from s4fs.openfiles import OpenFiles
+    from s4fs.stores import Store
     from s4fs.write import WriteHandle
 
-__all__ = ["PathChanges"]
+__all__ = ["PathChanges", "Changed"]
+
+
+class Changed(Protocol):
+    """The filesystem whose namespace :class:`PathChanges` changes
+    (:class:`s4fs.fs.Filesystem`): its parts, and the few of its calls a change makes."""
+
+    store: "Store"
+    files: "OpenFiles"
+    folders: "Folders"
+    links: "Links"
+    manifests: "ManifestCache"
+
+    def stat(self, path: str) -> Attr: ...
+    def exists(self, path: str) -> bool: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def manifest(self, path: str, *, fresh: bool = False) -> "Manifest": ...
+    def manifest_or_none(self, path: str, *, fresh: bool = False) -> "Manifest | None": ...
+    def commit(self, path: str, m: "Manifest", *, saved: bool = True) -> None: ...
+    def open_write(self, path: str, **how) -> "WriteHandle": ...
 
 
 class PathChanges:
     """The by-path changes of ``fs``'s namespace."""
 
-    def __init__(self, fs: "Filesystem") -> None:
+    def __init__(self, fs: Changed) -> None:
         self.fs = fs
 
     def symlink(self, path: str, target: bytes,

@@ -21,8 +21,8 @@ from s4fs import keys
 from s4fs.attr import Attr, version_attr, writer_attr
 from s4fs.errors import NotFound, S4Error
 from s4fs.manifest import Manifest
-from s4fs.read import (ChunkSource, DecodedCache, FileNode, FileReader, Fills, NodeReader,
-                       ReadHandle)
+from s4fs.chunks import ChunkSource
+from s4fs.read import DecodedCache, FileNode, FileReader, Fills, NodeReader, ReadHandle
 from s4fs.stores import Store
 
 if TYPE_CHECKING:

@@ -97,9 +97,9 @@ def _sum_of(blob) -> int:
 
 def decode_into(source, job) -> int:
     """Decode one batch (a :class:`~s4fs.coding.DecodeJob`) with
-    ``s4fs.read.reader.decode_on_gpu`` (only the decoding on the process's GPU thread; every
+    ``s4fs.chunks.decode_on_gpu`` (only the decoding on the process's GPU thread; every
     chunk checked) and write its pieces at their offsets in ``job.target``."""
-    from s4fs.read.reader import decode_on_gpu
+    from s4fs.chunks import decode_on_gpu
     t0 = time.perf_counter()
     with source.staged(job.staged):
         decoded = decode_on_gpu(source, [ref for ref, _ in job.items], gpu_thread=True,

@@ -12,7 +12,7 @@ instead. There:
   process's GPU thread under the chunk rule (its device half: ``_device_batch``; deltas,
   every chunk's checksum taken from its blob's header as the device computed it and
   compared with the daemon's, the CPU as a fallback), and its pack put in the store;
-* a batch to decode goes through ``s4fs.read.reader.decode_on_gpu`` (every blob checked) and
+* a batch to decode goes through ``s4fs.chunks.decode_on_gpu`` (every blob checked) and
   is written at its file offsets (``_device_batch.decode_into``).
 
 A few threads in the worker overlap one batch's reads and writes with another's coding;

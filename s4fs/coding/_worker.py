@@ -46,7 +46,7 @@ def init_worker(nice: int, parent: int) -> None:
     # what a decode job needs, imported now (at the worker's low priority, while the
     # mount starts) rather than by a fresh node's first decode ahead, which a reader
     # waits on
-    import s4fs.read.reader  # noqa: F401
+    import s4fs.chunks  # noqa: F401
 
 
 def store_for(spec: bytes):
@@ -62,7 +62,7 @@ def source_for(spec: bytes, device: str):
     under the ``device`` setting of the worker's pool (a CPU worker's: "cpu")."""
     src = _sources.get((spec, device))
     if src is None:
-        from s4fs.read.reader import ChunkSource
+        from s4fs.chunks import ChunkSource
         src = _sources[spec, device] = ChunkSource(store_for(spec), cache_bytes=64 << 20,
                                                    device=device, workers=2)
     return src

@@ -40,7 +40,7 @@ as in DCP ``.distcp`` files), ``"safetensors"``, and ``"raw"`` for everything el
 
 from __future__ import annotations
 
-from s4fs.torch.layout import LOCAL
+from s4fs.parse.layout import LOCAL
 
 from ._complete import looks_complete
 from ._machine import Machine, ParserLimits

@@ -20,7 +20,7 @@ import json
 import struct
 from typing import Callable
 
-from s4fs.torch.layout import END, END_FIXED, LOCAL
+from s4fs.parse.layout import END, END_FIXED, LOCAL
 
 from ._safetensors import looks_like
 

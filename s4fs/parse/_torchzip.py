@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from s4fs.torch.layout import (CENTRAL, CENTRAL_FIXED, DESCRIPTOR, DESCRIPTOR_CRC_AT, END,
+from s4fs.parse.layout import (CENTRAL, CENTRAL_FIXED, DESCRIPTOR, DESCRIPTOR_CRC_AT, END,
                                END_FIXED, LOCAL, LOCAL_FIXED, ZIP64_END, ZIP64_LOCATOR,
                                ZIP64_LOCATOR_LEN, central_entry_length)
 

@@ -2,10 +2,9 @@
 
 * ``node``: :class:`FileNode` (one file across its versions: what every descriptor of
   it reads, what the kernel may keep cached) and :class:`NodeReader` (one descriptor);
-* ``reader``: :class:`ChunkSource` (chunk fetch, verify, decode through delta bases),
-  :class:`FileReader` (byte ranges of a version), :class:`ReadHandle` (one view: a
-  spool, a decoded copy or a ``FileReader``) and ``decode_on_gpu`` (imported from
-  ``s4fs.read.reader`` where it is called, so that one binding of it exists);
+* ``reader``: :class:`FileReader` (byte ranges of a version, its chunks from an
+  :class:`s4fs.chunks.ChunkSource`) and :class:`ReadHandle` (one view: a spool, a
+  decoded copy or a ``FileReader``);
 * ``fill``: decoding a cold version ahead into the decoded cache (:class:`Fills`: which
   versions, by which pool, in batches of what size); ``fetch``: a remote store's bytes
   of those batches brought ahead of their decode, many GETs in flight;
@@ -20,7 +19,7 @@ from s4fs.read.decoded import DecodedCache
 from s4fs.read.fill import Fills
 from s4fs.read.node import FileNode, NodeReader
 from s4fs.read.packs import PackCache
-from s4fs.read.reader import ChunkSource, FileReader, ReadHandle
+from s4fs.read.reader import FileReader, ReadHandle
 
-__all__ = ["ChunkSource", "DecodedCache", "FileNode", "FileReader", "Fills", "NodeReader",
+__all__ = ["DecodedCache", "FileNode", "FileReader", "Fills", "NodeReader",
            "PackCache", "ReadHandle"]

@@ -54,7 +54,7 @@ def batch_runs(batch) -> list[list]:
     """The stored runs ``[pack, lo, hi]`` a batch's decode reads: its chunks and the
     delta bases they decode through, as ``ChunkSource.preloaded`` plans them (so each
     range it reads lies inside one run fetched here)."""
-    from s4fs.read.reader import _plan_runs
+    from s4fs.chunks import plan_runs
     chain, seen = [], set()
     for ref, _ in batch:
         r = ref
@@ -62,7 +62,7 @@ def batch_runs(batch) -> list[list]:
             seen.add(r.key())
             chain.append(r)
             r = r.base
-    runs, _ = _plan_runs(chain)
+    runs, _ = plan_runs(chain)
     return runs
 
 

@@ -66,7 +66,7 @@ class FileNode:
 
 class NodeReader:
     """A descriptor open for reading: reads its node's current content through a *view*
-    (:class:`s4fs.read.reader.ReadHandle` over the writer's spool, a local whole copy, or the
+    (:class:`s4fs.read.ReadHandle` over the writer's spool, a local whole copy, or the
     store) and changes view when the node changes. Unknown attributes are the current
     view's (``manifest``, ``version``, ``size``, ...)."""
 

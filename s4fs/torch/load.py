@@ -11,7 +11,7 @@ import time
 import zipfile
 
 from s4fs.errors import InvalidArgument, S4Error
-from s4fs.torch.layout import LOCAL_FIXED, local_header_length
+from s4fs.parse.layout import LOCAL_FIXED, local_header_length
 from s4fs.torch.save import Stages
 
 LOAD_BATCH_BYTES = 1 << 30         # raw bytes decoded per batch while the next is read
@@ -174,7 +174,7 @@ def _decode_storages(fs, m, offsets: dict, dev, path, stages) -> dict:
     and copied up."""
     import torch
 
-    from s4fs.read.reader import decode_on_gpu
+    from s4fs.chunks import decode_on_gpu
     by_name = {s.name: (k, s) for k, s in enumerate(m.streams) if s.kind == "tensor"}
     out: dict[str, object] = {}
     plans = []                                  # (record name, stream)

@@ -7,7 +7,7 @@ of that name: torch itself lays the file out (``torch.save`` under
 holds every zip header, the pickle and the small records, and only holes where the
 storages go); s4fs fills in what depends on the storage bytes — the CRC-32 of every
 storage record (zip data descriptor and central directory) and the serialization id
-(a hash of those CRCs; ``s4fs.torch.layout``) — and stores the storages themselves:
+(a hash of those CRCs; ``s4fs.parse.layout``) — and stores the storages themselves:
 
 * **CPU storages**: the file's bytes, in order, go through the ingest pipeline
   (parser, chunks, delta against the previous version, CPU codec), as a mount would
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from s4fs.errors import InvalidArgument
 from s4fs.torch import Unsupported
-from s4fs.torch.layout import Layout, finish_layout, read_layout
+from s4fs.parse.layout import Layout, finish_layout, read_layout
 
 log = logging.getLogger("s4fs.save")
 
@@ -398,7 +398,7 @@ class _DeviceSave:
         whose base chunk (same record, dtype and length; chain not too deep) has its
         exact bytes is stored as that chunk; otherwise the smaller of its XOR delta and
         its full coding is kept. The base chunks come from the store, decoded on the
-        device (``s4fs.read.reader.decode_on_gpu``) before their batch is coded, while the
+        device (``s4fs.chunks.decode_on_gpu``) before their batch is coded, while the
         packs of the batches before it are being written. (Decoded one batch ahead on a
         thread of their own, beside the coding, they made the save slower: the coding
         and the pack writes contended with the decoding; docs/BENCHMARKS.md,
@@ -450,7 +450,7 @@ class _DeviceSave:
         if not refs:
             return [None] * len(batch)
         from s4fs.coding import readable_base
-        from s4fs.read.reader import decode_on_gpu
+        from s4fs.chunks import decode_on_gpu
         # complete when it returns; None (a damaged older checkpoint): coded in full
         decoded = readable_base(lambda: decode_on_gpu(self.fs.source, refs),
                                 f"file {self.base_info['path']}", key=self.base_info["id"])

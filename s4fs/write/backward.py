@@ -48,7 +48,8 @@ from s4fs.write.ingest import PackWriter
 
 if TYPE_CHECKING:
     from s4fs.coding import IngestConfig, Pools
-    from s4fs.read import ChunkSource, DecodedCache
+    from s4fs.chunks import ChunkSource
+    from s4fs.read import DecodedCache
     from s4fs.stores import Store
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from s4fs.write.ingest import IngestSession
 if TYPE_CHECKING:
     from s4fs.coding import IngestConfig, Pools
     from s4fs.fsconfig import FsConfig
-    from s4fs.read import ChunkSource, DecodedCache, PackCache
+    from s4fs.chunks import ChunkSource
+    from s4fs.read import DecodedCache, PackCache
     from s4fs.stores import Store
 
 _DIGITS = re.compile(r"\d+")

@@ -65,7 +65,8 @@ from s4fs.write.streaming import StreamingIngest
 
 if TYPE_CHECKING:
     from s4fs.write.committer import Committer
-    from s4fs.read import ChunkSource, DecodedCache
+    from s4fs.chunks import ChunkSource
+    from s4fs.read import DecodedCache
     from s4fs.fsconfig import FsConfig
     from s4fs.runtime import Runtime
     from s4fs.write.journal import Journal

@@ -14,7 +14,7 @@ import xxhash
 torch = pytest.importorskip("torch")
 
 import s4fs  # noqa: E402
-from s4fs.torch import layout as torch_layout  # noqa: E402
+from s4fs.parse import layout as torch_layout  # noqa: E402
 from s4fs.torch import load as torch_load  # noqa: E402
 from s4fs.torch import save as torch_save  # noqa: E402
 

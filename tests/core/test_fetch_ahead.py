@@ -19,7 +19,7 @@ from s4fs.errors import ChecksumError, MissingData, S4Error
 from s4fs.fs import Filesystem, FsConfig
 from s4fs.read.fetch import Fetch, PREFIX
 from s4fs.read.fill import order, plan
-from s4fs.read.reader import ChunkSource
+from s4fs.chunks import ChunkSource
 from s4fs.runtime import current
 from s4fs.stores import LocalStore
 from s4fs.stores.faulty import FailingStore

@@ -9,7 +9,7 @@ import torch
 
 from s4fs.errors import ChecksumError, S4Error
 from s4fs.fs import Filesystem, FsConfig
-from s4fs.read.reader import ChunkSource
+from s4fs.chunks import ChunkSource
 from s4fs.stores import LocalStore
 
 from test_workers import torch_bytes

@@ -36,8 +36,9 @@ def _modules() -> dict[str, str]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: str) -> set[str]:
-    """The package's modules ``name`` imports at run time."""
+def _imports(name: str, path: str, *, typing: bool = False) -> set[str]:
+    """The package's modules ``name`` imports at run time (``typing``: and those it
+    names only for type checking, under ``if TYPE_CHECKING:``)."""
     is_pkg = path.endswith("__init__.py")
     found: set[str] = set()
 
@@ -51,8 +52,8 @@ def _imports(name: str, path: str) -> set[str]:
     class Visitor(ast.NodeVisitor):
         def visit_If(self, node: ast.If) -> None:
             t = node.test
-            if getattr(t, "id", None) == "TYPE_CHECKING" or \
-                    getattr(t, "attr", None) == "TYPE_CHECKING":
+            if not typing and (getattr(t, "id", None) == "TYPE_CHECKING" or
+                               getattr(t, "attr", None) == "TYPE_CHECKING"):
                 for n in node.orelse:
                     self.visit(n)
                 return
@@ -76,10 +77,10 @@ def _imports(name: str, path: str) -> set[str]:
 IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
-def _circles() -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    graph = {m: sorted(d for d in deps if d in MODULES and d != m)
-             for m, deps in IMPORTS.items()}
+def _circles(imports: dict[str, set[str]] = IMPORTS) -> list[list[str]]:
+    """Strongly connected components of more than one node (Tarjan, iterative)."""
+    graph = {m: sorted(d for d in deps if d in imports and d != m)
+             for m, deps in imports.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -127,6 +128,29 @@ def test_the_modules_were_found():
 def test_no_import_circles():
     circles = _circles()
     assert not circles, "modules that import each other (directly or around a circle): " \
+        + "; ".join(" ↔ ".join(c) for c in circles)
+
+
+def _floor_room(module: str) -> str:
+    """The room of the house a module is in: a folder of ``s4fs`` (a package) or one
+    module at its top (``s4fs.fs``), and ``s4fs.codec`` and ``s4fs.mount``."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_loop_between_rooms_even_for_type_checking():
+    # the house's floors: a room (a package, or a module at the top) stands above all it
+    # imports, type annotations included, so no call needs to run back up (what a lower
+    # room needs of a higher one comes in as a port it declares itself)
+    rooms: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        deps = rooms.setdefault(_floor_room(name), set())
+        deps.update(_floor_room(d) for d in _imports(name, path, typing=True)
+                    if d in MODULES and _floor_room(d) != _floor_room(name)
+                    and _floor_room(d) != "s4fs")
+    rooms.pop("s4fs", None)        # the package's face: it hands names on
+    circles = _circles(rooms)
+    assert not circles, "rooms that import each other (directly or around a circle): " \
         + "; ".join(" ↔ ".join(c) for c in circles)
 
 
@@ -184,12 +208,12 @@ def test_the_read_room_never_imports_the_write_room():
     assert not _offenders(lambda m, d: _in("s4fs.read", m) and _in("s4fs.write", d))
 
 
-def test_coding_never_imports_the_write_room_and_of_the_read_room_only_its_reader():
-    # the read room's package imports its decode ahead, which imports coding: coding
-    # takes the chunk source and the GPU decode from s4fs.read.reader itself
+def test_coding_never_imports_the_write_or_the_read_room():
+    # the read room's decode ahead hands batches to coding's pools: coding takes the
+    # chunk source and the GPU decode from s4fs.chunks, below both
     assert not _offenders(lambda m, d: _in("s4fs.coding", m) and (
         _in("s4fs.write", d) or d in ("s4fs.fs", "s4fs.api") or _in("s4fs.torch", d) or
-        (_in("s4fs.read", d) and d != "s4fs.read.reader")))
+        _in("s4fs.read", d)))
 
 
 # the composition root (s4fs.runtime) is known to those that build or share one; the

@@ -185,7 +185,7 @@ def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host):
     import sys
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
     from emulated_gpu import emulated_gpu
-    from s4fs.read.reader import decode_on_gpu
+    from s4fs.chunks import decode_on_gpu
     root = tmp_path / "store"
     fs = make_fs(root, tmp_path / "cache")
     try:

@@ -109,7 +109,7 @@ def test_the_whole_file_check_holds_when_threads_read_the_same_bytes_at_once():
     import xxhash
 
     from s4fs.manifest import Manifest
-    from s4fs.read.reader import WholeFileHash
+    from s4fs.chunks import WholeFileHash
     data = os.urandom(32 * MiB)
     m = Manifest(size=len(data), xxh128=xxhash.xxh3_128_hexdigest(data))
     for _ in range(3):

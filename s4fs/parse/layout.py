@@ -1,5 +1,6 @@
-"""The zip records torch 2.x writes, in one place: the save here (which fills in a
-layout torch made) and the stream parser (``s4fs.parse``) read and patch the same fields.
+"""The zip records torch 2.x writes, in one place: the stream parser (this package) and
+the direct save (``s4fs.torch.save``, which fills in a layout torch made) read and patch
+the same fields. It lives with the parser, the lower of the two: the save imports it.
 
 torch writes, per record, a local header (flag bit 3: CRC-32 and sizes left zero) and the
 payload, then a data descriptor (``DESCRIPTOR``, CRC-32, sizes: 16 bytes, or 24 in zip64
@@ -18,7 +19,11 @@ import zlib
 from dataclasses import dataclass, field
 
 from s4fs.errors import S4Error
-from s4fs.torch import Unsupported
+
+
+class Unsupported(S4Error):
+    """This object or call cannot take the direct path; the caller streams instead
+    (``s4fs.torch`` hands it on under the same name)."""
 
 LOCAL = b"PK\x03\x04"
 CENTRAL = b"PK\x01\x02"
