@@ -1,19 +1,16 @@
 """``Attr``: what ``stat`` answers of a path — of a folder, of a committed version, of
-a file being written on this mount, or of a symbolic link."""
+a file being written on this mount (:meth:`s4fs.write.WriteHandle.attr`), or of a
+symbolic link."""
 
 from __future__ import annotations
 
 import stat as st
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from s4fs import keys
 from s4fs.manifest import Manifest, seconds_to_ns
 
-if TYPE_CHECKING:
-    from s4fs.write import WriteHandle
-
-__all__ = ["Attr", "link_attr", "version_attr", "writer_attr"]
+__all__ = ["Attr", "link_attr", "version_attr"]
 
 
 @dataclass
@@ -44,13 +41,6 @@ class Attr:
         mtime = self.mtime_ns if self.mtime_ns is not None else seconds_to_ns(self.mtime)
         return (mtime if self.atime_ns is None else self.atime_ns, mtime,
                 mtime if self.ctime_ns is None else self.ctime_ns)
-
-
-def writer_attr(path: str, w: "WriteHandle") -> Attr:
-    """A file being written: its spool's size, the handle's mode and times."""
-    uid, gid = w.owner or (None, None)
-    return Attr(path, False, w.size, w.mode, w.mtime, 0, w.mtime_ns, w.atime_ns,
-                w.ctime_ns, uid, gid)
 
 
 def version_attr(path: str, m: Manifest) -> Attr:

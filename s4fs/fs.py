@@ -25,7 +25,7 @@ import os
 import stat as st
 
 from s4fs import keys
-from s4fs.attr import Attr, link_attr, version_attr, writer_attr
+from s4fs.attr import Attr, link_attr, version_attr
 from s4fs.cachedir import CacheDir
 from s4fs.coding import IngestConfig, placement
 from s4fs.errors import (AlreadyExists, InvalidArgument, IsADirectory, IsALink,
@@ -40,9 +40,11 @@ from s4fs.openfiles import OpenFiles
 from s4fs.chunks import ChunkSource
 from s4fs.read import DecodedCache, FileNode, Fills, NodeReader, PackCache, ReadHandle
 from s4fs.read.fetch import THREADS as FETCH_THREADS
+from s4fs.record import Recorder
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
-from s4fs.write import IngestSession, Rewriter, RoomKeeper, State, WriteHandle, new_session
+from s4fs.write import (IngestSession, Rewriter, RoomKeeper, Services, Sessions, State,
+                        WriteHandle)
 from s4fs.writeback import Writeback
 
 __all__ = ["Attr", "Filesystem", "FsConfig", "NodeReader", "ReadHandle", "STORE_FORMAT",
@@ -91,9 +93,18 @@ class Filesystem:
                                self._invalidate)
         self.writeback = Writeback(self.cfg, self.cache.sub("journal"), Rewriter(
             self, self.cfg.ingest) if self.backward else None)
-        # (WriterPort) what a write handle records into and submits to
-        self.journal, self.committer = self.writeback.journal, self.writeback.committer
-        self.writeback.replay(self, self.files, self.spool_dir,
+        self.record = Recorder(store, self.folders, self.manifests, self.files,
+                               self.writeback.saved)
+        # what every save uses, built once and handed down to each write handle
+        self.sessions = Sessions(self, store, self.cfg, self.save_ingest,
+                                 backward=self.backward, decoded=self.decoded,
+                                 pack_cache=self.pack_cache, source=self.source,
+                                 pools=self.pools, committer=self.writeback.committer)
+        self.services = Services(
+            self.cfg, self.sessions, self.record, self.spool_dir, self.make_room, self.room,
+            self.writeback.journal, self.writeback.committer, self.decoded, self.source,
+            lambda: self.runtime.thread("s4fs-check", min(8, os.cpu_count() or 1)))
+        self.writeback.replay(self.services, self.files, self.spool_dir,
                               lambda p: self.manifest_or_none(p, fresh=True))
 
     def _chunk_source(self) -> ChunkSource:
@@ -193,13 +204,7 @@ class Filesystem:
         """Write ``m`` as the manifest of ``path`` (the one atomic step of a save).
         ``saved``: a new version (not a rename or a change of attributes): with backward
         deltas the version it was compared with is then re-expressed against it."""
-        self.folders.ensure_parents(path)
-        data = m.to_bytes()
-        self.store.put(keys.file_key(path), data)
-        self.manifests.remember(path, m, data)
-        self.files.committed(path, m)
-        if saved:
-            self.writeback.saved(path, m)
+        self.record.commit(path, m, saved=saved)
 
     def rewritten(self, path: str, m: Manifest, data: bytes | None = None) -> None:
         """(RewritePort) ``path``'s manifest was rewritten as ``m`` (stored as ``data``):
@@ -213,7 +218,7 @@ class Filesystem:
         path = keys.norm(path)
         w = self.files.writer(path)
         if w is not None:
-            return writer_attr(path, w)
+            return w.attr()
         if path == "":
             return self.folders.attr("")
         m = self.manifest_or_none(path)
@@ -293,11 +298,6 @@ class Filesystem:
         descriptor whose file was unlinked or renamed over)."""
         return self.files.node_attr(node)
 
-    def saw_commit(self, w: WriteHandle, m: Manifest) -> None:
-        """(WriterPort) ``w`` committed ``m``: whether the kernel's pages of its file
-        are ``m`` (s4fs.openfiles)."""
-        self.files.saw_commit(w, m)
-
     def open_write(self, path: str, *, truncate: bool = True, create: bool = True,
                    exclusive: bool = False, mode: int = 0o644,
                    owner: tuple[int, int] | None = None) -> WriteHandle:
@@ -311,18 +311,18 @@ class Filesystem:
                 raise AlreadyExists(f"{path!r} already exists")
             if w.share(truncate=truncate):      # outside the tables' lock: see openfiles
                 return w
-            self.release_writer(w)             # it closed meanwhile: open a new one
+            self.files.writer_gone(w, w.path)  # it closed meanwhile: open a new one
         old = self._existing_for_write(path, create=create, exclusive=exclusive)
         file_mode = old.mode if old is not None else st.S_IFREG | (mode & 0o7777)
         previous = old
         truncated = self.files.pop_truncated(path)
         if truncated is not None and (old is None or old.size == 0):
             previous = truncated       # opened right after a truncate to zero: same lineage
-        w = WriteHandle(self, path, file_mode,
+        w = WriteHandle(self.services, path, file_mode,
                         initial=None if (truncate or old is None or old.size == 0) else old,
                         previous=previous)
         if old is None and owner is not None:
-            w.owner = owner
+            w.meta.owner = owner
         if self.files.add_writer(path, w):
             return w
         # another open of the same path won the race: share its handle instead
@@ -352,19 +352,8 @@ class Filesystem:
             raise NotADirectory(f"{parent!r} is not a directory")
         return self.manifest_or_none(path, fresh=True) if a is not None else None
 
-    def release_writer(self, w: WriteHandle) -> None:
-        """(WriterPort) ``w`` closed or failed."""
-        self.files.writer_gone(w, w.path)
-
-    def spool_renewed(self, w: WriteHandle) -> None:
-        """(WriterPort) ``w`` writes into a new spool file from now on (an ``O_TRUNC``
-        open of it): its readers move to it."""
-        self.files.spool_renewed(w)
-
     def new_session(self, path: str, previous: Manifest | None,
                     spool: str | None = None) -> IngestSession:
-        """(WriterPort) The ingest of a new version of ``path``, its delta base chosen
-        by the write room (s4fs.write.bases); with writeback, once the commit of its
-        likely base is in (Writeback.wait_for_base)."""
-        self.writeback.wait_for_base(self, path)
-        return new_session(self, path, previous, spool)
+        """The ingest of a new version of ``path`` (the direct save of ``s4fs.torch``
+        and the benchmarks; a write handle has the same :class:`Sessions`)."""
+        return self.sessions.new(path, previous, spool)

@@ -1,8 +1,8 @@
 """``FsConfig``: the settings of one filesystem (:class:`s4fs.fs.Filesystem`).
 
-Its own module so that the rooms a filesystem drives (the write room's ``WriterPort`` and
-``SessionPort`` name it in their annotations) can name it without importing
-:mod:`s4fs.fs`; ``from s4fs.fs import FsConfig`` keeps working.
+Its own module so that the rooms a filesystem drives (the write room's ``Services`` and
+``Sessions`` are given it) can name it without importing :mod:`s4fs.fs`;
+``from s4fs.fs import FsConfig`` keeps working.
 """
 
 from __future__ import annotations

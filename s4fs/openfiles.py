@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from s4fs import keys
-from s4fs.attr import Attr, version_attr, writer_attr
+from s4fs.attr import Attr, version_attr
 from s4fs.errors import NotFound, S4Error
 from s4fs.manifest import Manifest
 from s4fs.chunks import ChunkSource
@@ -241,7 +241,7 @@ class OpenFiles:
         with self.lock:
             w, m, path = node.writer, node.version, node.path
         if w is not None:
-            return writer_attr(path, w)
+            return w.attr(path)
         if m is not None:
             return version_attr(path, m)
         raise NotFound(f"no file {path!r}")
@@ -261,7 +261,7 @@ class OpenFiles:
                 gen, w, m, path = node.gen, node.writer, node.version, node.path
             if w is None:
                 break
-            fd = w.reader_fd()        # waits for a commit in progress
+            fd = w.spool_fd()         # waits for a commit in progress
             if fd is not None:
                 # being written on this mount: what is written so far, from its spool
                 # (which may already be exactly the committed version: the release of a

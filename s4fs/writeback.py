@@ -15,14 +15,11 @@ from typing import Callable
 from s4fs.fsconfig import FsConfig
 from s4fs.manifest import Manifest
 from s4fs.openfiles import OpenFiles
-from s4fs.write import Committer, Journal, Rewriter, WriteHandle, WriterPort, candidates
-from s4fs.write.bases import Namespace
+from s4fs.write import Committer, Journal, Rewriter, Services, Spool, WriteHandle
 
-__all__ = ["BASE_WAIT", "Writeback"]
+__all__ = ["Writeback"]
 
 log = logging.getLogger("s4fs.fs")
-
-BASE_WAIT = 10.0      # seconds a save waits for its likely delta base's pending commit
 
 
 class Writeback:
@@ -36,10 +33,10 @@ class Writeback:
         self.committer = Committer()
         self.rewriter = rewriter
 
-    def replay(self, port: WriterPort, files: OpenFiles, spool_dir: str,
+    def replay(self, services: Services, files: OpenFiles, spool_dir: str,
                manifest: Callable[[str], Manifest | None]) -> None:
         """Files a writeback mount accepted before it stopped: shown again (writers of
-        ``port`` in ``files``), committed in the background. Spool files nobody accepted
+        ``services`` in ``files``), committed in the background. Spool files nobody accepted
         (a crash mid-write) are removed from ``spool_dir``. ``manifest(path)``: the
         committed version of ``path`` in the store now, None if none."""
         keep = set()
@@ -50,7 +47,9 @@ class Writeback:
                 self.journal.drop(e.spool)
                 continue
             keep.add(os.path.abspath(e.spool))
-            w = WriteHandle.recovered(port, e, manifest(e.path))
+            w = WriteHandle(services, e.path, e.mode, initial=None, previous=manifest(e.path),
+                            spool=Spool.reopen(e.spool, e.path,
+                                               make_room=services.make_room), accepted=e)
             old = files.writer(e.path)
             if old is not None:
                 old.detach()
@@ -68,9 +67,10 @@ class Writeback:
 
     @staticmethod
     def _info(w: WriteHandle, no_error: str | None) -> dict:
+        p = w.pending
         return {"path": w.path, "bytes": w.size, "state": w.state.value,
-                "attempts": w.attempts, "accepted": w.accepted_at,
-                "error": str(w.last_error) if w.last_error else no_error}
+                "attempts": p.attempts, "accepted": p.since,
+                "error": str(p.last_error) if p.last_error else no_error}
 
     def pending(self) -> list[dict]:
         """Files accepted but not yet committed, oldest first."""
@@ -95,20 +95,6 @@ class Writeback:
         with backward deltas that earlier one is re-expressed against it."""
         if self.rewriter is not None and m.base is not None:
             self.rewriter.submit(path, m)
-
-    def wait_for_base(self, ns: Namespace, path: str) -> None:
-        """With writeback, a checkpoint saved while the one before it is still being
-        committed waits for that commit (up to BASE_WAIT seconds; then an older base)
-        so that it is coded against it: saves that outpace their commits would
-        otherwise be coded against older ones. ``ns``: where the candidates are read."""
-        if not (self.cfg.writeback and self.cfg.delta) or \
-                not any(w.path != path for w in self.committer.pending()):
-            return
-        near = set(candidates(ns, path)) - {path}
-        if near and not self.committer.wait_for(near, BASE_WAIT):
-            log.info("%s: coded against an older base; the commit of %s is still "
-                     "pending", path, ", ".join(sorted(
-                         w.path for w in self.committer.pending() if w.path in near)))
 
     def drain(self) -> None:
         """The first step of closing: a writeback mount waits (``close_sync_seconds``)

@@ -251,6 +251,9 @@ class S3Store(Store):
         self._put_args = options.put_args()
         self._lock = threading.Lock()
         self._stats = {"requests": 0, "retries": 0, "bytes_sent": 0, "bytes_received": 0}
+        # whether this server compares If-Match with the ETag unquoted (Ceph RGW 16: the
+        # quoted ETag its GET returns is refused); learnt at the first replace
+        self._bare_if_match = False
         self._client = self._make_client()
 
     @classmethod
@@ -493,7 +496,13 @@ class S3Store(Store):
     def replace(self, key, data, expected: bytes) -> bool:
         """S3's conditional write: the object is read with its ETag and put back with
         ``If-Match`` that ETag, so the server refuses it (412) when anything changed
-        the object in between. (Manifests are small: one PutObject, never multipart.)"""
+        the object in between. (Manifests are small: one PutObject, never multipart.)
+
+        Some servers compare ``If-Match`` with the ETag unquoted, and refuse the quoted
+        one their own GET returned as if the object had changed (Ceph RGW 16.2). Where a
+        put is refused while the object's ETag is still the one read, the put is made
+        once more with it unquoted; where that is taken, this store sends it unquoted
+        from then on (docs/S3.md)."""
         from botocore.exceptions import ClientError
         full = self._key(key)
 
@@ -512,17 +521,30 @@ class S3Store(Store):
             return False
         body = bytes(data)
 
-        def put() -> bool:
+        def put(tag: str) -> bool:
             try:
                 self._client.put_object(Bucket=self.bucket, Key=full, Body=body,
-                                        IfMatch=etag, **self._put_args)
+                                        IfMatch=tag, **self._put_args)
                 return True
             except ClientError as exc:
                 if _client_error_code(exc) in ("PreconditionFailed",
                                                "ConditionalRequestConflict", "NoSuchKey"):
                     return False
                 raise
-        return self._call("put", key, put)
+        bare = etag.strip('"')
+        if self._call("put", key, lambda: put(bare if self._bare_if_match else etag)):
+            return True
+        if self._bare_if_match or bare == etag:
+            return False
+        try:                                  # refused: changed, or a bare-ETag server?
+            now = self._call("head", key, lambda: self._client.head_object(
+                Bucket=self.bucket, Key=full))["ETag"]
+        except NotFound:
+            return False
+        if now != etag or not self._call("put", key, lambda: put(bare)):
+            return False
+        self._bare_if_match = True
+        return True
 
     def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
         """Upload in parts; the object appears only when the upload completes, and a

@@ -16,7 +16,6 @@ import functools
 import logging
 import os
 import stat as st
-import threading
 
 import trio
 
@@ -25,6 +24,7 @@ from s4fs import metrics
 from s4fs.errors import InvalidArgument, NotFound, S4Error
 from s4fs.fs import Attr, Filesystem, WriteHandle
 from s4fs.read import NodeReader
+from s4fs.vfs.coherence import Coherence
 from s4fs.vfs.passthrough import Passthrough
 from s4fs.vfs.port import KernelPort
 from s4fs.vfs.push import Pushes
@@ -93,8 +93,10 @@ class Vfs:
         self._fh_pushing: dict[int, int] = {}                    # fh -> inode
         self._limiter = trio.CapacityLimiter(workers)
         self._fh_backing: dict[int, int] = {}                    # fh -> inode
-        self._dropping: set[threading.Thread] = set()   # kernel invalidations under way
-        fs.on_invalidate = self._invalidate
+        # what the kernel is told to forget, and the wait for it
+        self.coherence = Coherence(port, self.tables, self.pushes)
+        self.settle = self.coherence.settle
+        fs.on_invalidate = self.coherence.invalidate
 
     async def run(self, fn, *args, **kwargs):
         """The one route for blocking work off the trio loop."""
@@ -308,7 +310,7 @@ class Vfs:
         if pusher is None:
             return opened                   # not decoded ahead: read through requests
         if not opened.keep_cache:
-            await trio.to_thread.run_sync(self._forget_pages, inode)
+            await trio.to_thread.run_sync(self.coherence.forget_pages, inode)
         with self.tables.lock:
             self._fh_pushing[opened.fh] = inode
         if await trio.to_thread.run_sync(self.pushes.begin, pusher,
@@ -333,14 +335,14 @@ class Vfs:
             # the version before: dropped here, attributes with them, before this
             # open returns, as that open would have the kernel do
             if not handle.keep_cache:
-                await trio.to_thread.run_sync(self._forget_pages, inode)
+                await trio.to_thread.run_sync(self.coherence.forget_pages, inode)
             return self._opened(handle, inode, bid)
         if not handle.keep_cache:
             # the kernel's cached attributes may be another version's (another
             # mount's commit, seen by this open first): it asks again before use; and
             # it drops the inode's pages at this open, so nothing may push the version
             # before into them after it
-            await trio.to_thread.run_sync(self._forget_attributes, inode)
+            await trio.to_thread.run_sync(self.coherence.forget_attributes, inode)
         # the core says whether the kernel's pages are the version this open reads
         return Opened(self.tables.new_fh(handle, inode), keep_cache=handle.keep_cache)
 
@@ -457,54 +459,3 @@ class Vfs:
             self.tables.let_go(inode)
         if backed is not None:
             self.passthrough.drop(backed)
-
-    def _forget_attributes(self, inode: int) -> None:
-        self.pushes.stop(inode)
-        try:
-            self.port.invalidate_inode(inode, attr_only=True)
-        except OSError as exc:            # not known to the kernel (yet)
-            log.debug("invalidating the attributes of inode %d: %s", inode, exc)
-
-    def _forget_pages(self, inode: int) -> None:
-        self.pushes.stop(inode)
-        try:
-            self.port.invalidate_inode(inode, attr_only=False)
-        except OSError as exc:            # not known to the kernel (yet)
-            log.debug("invalidating inode %d: %s", inode, exc)
-
-    def _invalidate(self, node, gone: bool) -> None:
-        """The core says the kernel's pages of ``node`` may not be its bytes: drop
-        them, and when the file is gone (a failed first save), its name, so that the
-        next open creates it instead of failing on the stale entry. From a thread of its
-        own: the kernel waits for pages that reads in flight hold, and those reads need
-        this daemon to answer."""
-        inode = node.cache_key
-        if inode is None:
-            return
-        entry = None
-        if gone:
-            parent = self.tables.known_inode(keys.parent(node.path))
-            if parent is not None:
-                entry = (parent, os.fsencode(keys.basename(node.path)))
-
-        def drop():
-            self.pushes.stop(inode)
-            try:
-                self.port.invalidate_inode(inode, attr_only=False)
-                if entry is not None:
-                    self.port.invalidate_entry(*entry)
-            except OSError as exc:        # gone from the kernel already
-                log.debug("invalidating inode %d: %s", inode, exc)
-        t = threading.Thread(target=drop, daemon=True, name="s4fs-invalidate")
-        with self.tables.lock:  # started before settle can see it (it joins what it sees)
-            t.start()
-            self._dropping.add(t)
-
-    async def settle(self) -> None:
-        """Wait for the kernel to have dropped what the core asked so far (before a
-        close() or fsync() that failed, or committed, returns to the caller)."""
-        with self.tables.lock:
-            pending, self._dropping = self._dropping, set()
-        if pending:
-            await trio.to_thread.run_sync(lambda: [t.join() for t in pending])
-

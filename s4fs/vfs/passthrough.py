@@ -98,8 +98,8 @@ class Passthrough:
             held = self._backing.get(inode)
             if held is not None:
                 held.opens += 1           # it stays registered while this open uses it
-            elif not t.opens_locked(inode) and handle.refs <= 1:
-                fd = handle.spool.dup()
+            elif not t.opens_locked(inode) and \
+                    (fd := handle.spool_fd(sole=True)) is not None:
                 bid = self._register(fd, handle.path, "stays on write requests")
                 if bid:
                     self._backing[inode] = Backing(bid, fd, handle)
@@ -113,7 +113,7 @@ class Passthrough:
                 self.drop(inode)
                 t.let_go(inode)
                 # a new save that never starts: the file stays as it is
-                if handle.refs <= 1:
+                if handle.descriptors <= 1:
                     handle.abort()
                 else:
                     handle.release()
@@ -182,7 +182,8 @@ class Passthrough:
             if held is None:
                 return
             held.opens -= 1
-            if held.handle is not None and held.handle.refs <= 0 and not held.released:
+            if held.handle is not None and held.handle.descriptors <= 0 and \
+                    not held.released:
                 held.released = True
                 log.info("%s: the passthrough save's descriptors are closed (%d other "
                          "opens keep its spool)", held.handle.path, held.opens)
@@ -229,7 +230,7 @@ class Passthrough:
         cache, truncated if the open truncates — and readers see the new bytes land, as
         on a local disk. Refused (EBUSY, nothing changed) where the file is not the
         version the save starts from, or no longer named (docs/SEMANTICS.md)."""
-        truncate = handle.spool.size == 0
+        truncate = handle.size == 0
         with held.lock:
             version = held.holds()
             name = None

@@ -18,12 +18,14 @@ A damaged base never stops a save: a base whose packs are not all in the store i
 over (``s4fs.coding``'s :func:`missing_packs`), and a base chunk that cannot be read is
 not coded against (``readable_base`` there); either is warned about once.
 
-:func:`new_session` is the write policy the filesystem asks for: the ingest of a new
-version, its base chosen here and read from the base's decoded copy where there is one.
+:class:`Sessions` is the write policy a filesystem builds once and hands to its saves:
+the ingest of a new version, its base chosen here and read from the base's decoded copy
+where there is one.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,9 +41,13 @@ if TYPE_CHECKING:
     from s4fs.chunks import ChunkSource
     from s4fs.read import DecodedCache, PackCache
     from s4fs.stores import Store
+    from s4fs.write.committer import Committer
+
+log = logging.getLogger("s4fs.fs")
 
 _DIGITS = re.compile(r"\d+")
 MAX_CANDIDATES = 4
+BASE_WAIT = 10.0      # seconds a save waits for its likely delta base's pending commit
 
 
 def shape(name: str) -> str:
@@ -66,16 +72,9 @@ class Namespace(Protocol):
         """The committed version of ``path``."""
 
 
-class SessionPort(Namespace, Protocol):
-    """What :func:`new_session` needs besides: the settings, the caches, the source."""
-
-    cfg: "FsConfig"                   # delta on or off, the ingest settings
-    save_ingest: "IngestConfig"       # how a new version is coded (backward: whole)
-    backward: bool                    # deltas run backward (s4fs.write.backward)
-    decoded: "DecodedCache | None"    # the base's decoded copy, read instead of decoding
-    pack_cache: "PackCache | None"    # keeps the packs the ingest writes
-    source: "ChunkSource"             # the base's chunks, where its copy lacks them
-    pools: "Pools"                    # the worker processes a spool's coding runs in
+class Listing(Namespace, Protocol):
+    """What :class:`Sessions` reads of the filesystem besides: a manifest as the store
+    holds it now (s4fs.fs.Filesystem)."""
 
     def current_manifest(self, path: str) -> Manifest | None:
         """The manifest of ``path`` as the store holds it now, or None."""
@@ -148,22 +147,53 @@ def choose_base(fs: Namespace, path: str, previous: Manifest | None,
     return None
 
 
-def new_session(fs: SessionPort, path: str, previous: Manifest | None,
-                spool: str | None = None) -> IngestSession:
-    """The ingest of a new version of ``path``; ``spool``: the file it is fed from
-    (then the coding may run in worker processes that read it, s4fs.coding)."""
-    base = base_path = None
-    if fs.cfg.delta:
-        chosen = choose_base(fs, path, previous)
-        if chosen is not None:
-            base_path, base = chosen
-    base_file = None
-    if base is not None and fs.decoded is not None:
-        base_file = fs.decoded.path_of(base.id)
-    lanes = likely_replaced(fs.current_manifest, base) if fs.backward and base_path != path \
-        else frozenset()
-    return IngestSession(fs.store, fs.save_ingest, base=base, base_path=base_path,
-                         source=fs.source, on_pack=fs.pack_cache.put
-                         if fs.pack_cache is not None else None,
-                         spool_path=spool, base_file=base_file, label=path,
-                         pools=fs.pools, lanes=lanes)
+class Sessions:
+    """The ingest of each new version one filesystem saves: its delta base chosen
+    (``cfg.delta``), read from its decoded copy where ``decoded`` keeps one, coded as
+    ``ingest`` says (with backward deltas: whole), in ``pools``, its packs kept in
+    ``pack_cache``. ``committer``: ``--writeback``'s, whose pending commits a save may
+    wait for (its likely base)."""
+
+    def __init__(self, ns: Listing, store: "Store", cfg: "FsConfig", ingest: "IngestConfig",
+                 *, backward: bool, decoded: "DecodedCache | None",
+                 pack_cache: "PackCache | None", source: "ChunkSource", pools: "Pools",
+                 committer: "Committer") -> None:
+        self._ns, self._store, self._cfg, self._ingest = ns, store, cfg, ingest
+        self._backward, self._decoded, self._pack_cache = backward, decoded, pack_cache
+        self._source, self._pools, self._committer = source, pools, committer
+
+    def new(self, path: str, previous: Manifest | None,
+            spool: str | None = None) -> IngestSession:
+        """The ingest of a new version of ``path``; ``spool``: the file it is fed from
+        (then the coding may run in worker processes that read it, s4fs.coding)."""
+        self._wait_for_base(path)
+        base = base_path = None
+        if self._cfg.delta:
+            chosen = choose_base(self._ns, path, previous)
+            if chosen is not None:
+                base_path, base = chosen
+        base_file = None
+        if base is not None and self._decoded is not None:
+            base_file = self._decoded.path_of(base.id)
+        lanes = likely_replaced(self._ns.current_manifest, base) \
+            if self._backward and base_path != path else frozenset()
+        pc = self._pack_cache
+        return IngestSession(self._store, self._ingest, base=base, base_path=base_path,
+                             source=self._source, on_pack=pc.put if pc is not None else None,
+                             spool_path=spool, base_file=base_file, label=path,
+                             pools=self._pools, lanes=lanes)
+
+    def _wait_for_base(self, path: str) -> None:
+        """With writeback, a checkpoint saved while the one before it is still being
+        committed waits for that commit (up to BASE_WAIT seconds; then an older base)
+        so that it is coded against it: saves that outpace their commits would
+        otherwise be coded against older ones."""
+        pending = self._committer.pending
+        if not (self._cfg.writeback and self._cfg.delta) or \
+                not any(w.path != path for w in pending()):
+            return
+        near = set(candidates(self._ns, path)) - {path}
+        if near and not self._committer.wait_for(near, BASE_WAIT):
+            log.info("%s: coded against an older base; the commit of %s is still "
+                     "pending", path, ", ".join(sorted(
+                         w.path for w in pending() if w.path in near)))

@@ -30,9 +30,9 @@ class KernelWrites:
     """What one handle knows of the kernel's writes into its spool (off until
     :meth:`start`). Called under the handle's lock."""
 
-    def __init__(self, room: "RoomKeeper") -> None:
+    def __init__(self, room: "RoomKeeper", make_room=None) -> None:
         self.on = False                   # the kernel writes the spool (passthrough)
-        self._room = room
+        self._room, self._make_room = room, make_room
         self._watching = False            # counted by the room keeper
         self._seen: tuple[int, int] | None = None    # (size, mtime_ns) at the last look
 
@@ -43,6 +43,15 @@ class KernelWrites:
             self._watching = True
         self.on = True
         self._seen = _stamp(spool)
+
+    def adopt(self, name: str, spool: Spool, *, truncate: bool) -> Spool:
+        """The spool to use instead of ``spool`` (which is closed): the file at
+        ``name``, which the kernel already passes the inode through to (readers hold
+        it: a copy of the version the save starts from), emptied if the open truncated
+        the file."""
+        new = kernel_spool(name, spool.label, make_room=self._make_room, truncate=truncate)
+        spool.close()
+        return new
 
     def stop(self) -> None:
         """The save is over (closed or failed): the room keeper need not watch for it."""

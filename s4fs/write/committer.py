@@ -16,10 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from s4fs.write.handle import WriteHandle
+from s4fs.write.pending import Pending
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +26,28 @@ RETRY_FIRST = 1.0
 RETRY_MAX = 60.0
 
 
+class Waiting(Protocol):
+    """An accepted file waiting for its commit (a :class:`~s4fs.write.WriteHandle`)."""
+
+    path: str
+    size: int
+    pending: Pending
+
+    def background_commit(self) -> bool:
+        """Commit it; True when nothing is left to do for it. Never raises."""
+
+
 class Committer:
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._queue: list["WriteHandle"] = []    # pending, in the order accepted
+        self._queue: list[Waiting] = []    # pending, in the order accepted
         self._due: dict[int, float] = {}          # id(handle) -> when to try next
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="s4fs-committer",
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, w: "WriteHandle") -> None:
+    def submit(self, w: Waiting) -> None:
         with self._cond:
             if w not in self._queue:
                 self._queue.append(w)
@@ -45,7 +55,7 @@ class Committer:
             self._report()
             self._cond.notify_all()
 
-    def pending(self) -> list["WriteHandle"]:
+    def pending(self) -> list[Waiting]:
         with self._cond:
             return list(self._queue)
 
@@ -55,7 +65,7 @@ class Committer:
         its retry waits for a backoff, and meanwhile this thread's own file may be the
         one the committer works on. Returns at once on the committer's own thread."""
         def first_try() -> bool:
-            return any(w.path in paths and w.attempts == 0 for w in self._queue)
+            return any(w.path in paths and w.pending.attempts == 0 for w in self._queue)
 
         if threading.current_thread() is self._thread:
             with self._cond:
@@ -90,31 +100,33 @@ class Committer:
                         self._queue.remove(w)
                     self._due.pop(id(w), None)
                 else:
-                    delay = min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, w.attempts - 1))
+                    tries = w.pending.attempts
+                    delay = min(RETRY_MAX, RETRY_FIRST * 2 ** max(0, tries - 1))
                     self._due[id(w)] = time.monotonic() + delay
                     log.error("commit of %r failed (attempt %d, next in %.0f s): %s",
-                              w.path, w.attempts, delay, w.last_error)
+                              w.path, tries, delay, w.pending.last_error)
                 self._report()
                 self._cond.notify_all()
 
     def _report(self) -> None:
         from s4fs import metrics
         q = self._queue
-        metrics.set_pending(len(q), sum(w.size for w in q), sum(1 for w in q if w.attempts))
+        metrics.set_pending(len(q), sum(w.size for w in q),
+                            sum(1 for w in q if w.pending.attempts))
 
-    def sync(self, timeout: float | None = None) -> list["WriteHandle"]:
+    def sync(self, timeout: float | None = None) -> list[Waiting]:
         """Wait until every handle queued now is committed, or has failed at least once
         after this call began; returns those still failing (empty: all committed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             waiting = list(self._queue)
-            marks = {id(w): w.attempts for w in waiting}
+            marks = {id(w): w.pending.attempts for w in waiting}
             for w in waiting:
                 self._due[id(w)] = 0.0            # try now, not after the backoff
             self._cond.notify_all()
             while True:
                 left = [w for w in waiting if w in self._queue]
-                unsettled = [w for w in left if w.attempts <= marks[id(w)]]
+                unsettled = [w for w in left if w.pending.attempts <= marks[id(w)]]
                 if not unsettled:
                     return left
                 if deadline is not None and time.monotonic() >= deadline:

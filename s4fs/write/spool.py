@@ -71,6 +71,17 @@ class Spool:
         """The spool of a file accepted before a crash (``--writeback`` journal)."""
         return cls(os.path.dirname(name), label, make_room=make_room, existing=name)
 
+    def start_as(self, read, size: int) -> None:
+        """(A new, empty spool.) The ``size`` bytes ``read(offset, n)`` gives: a file
+        opened to be changed in place starts as its committed version."""
+        pos = 0
+        while pos < size:
+            data = read(pos, min(8 << 20, size - pos))
+            if not data:
+                break
+            self.write(pos, data)
+            pos += len(data)
+
     # --- bytes in --------------------------------------------------------------------
 
     def write(self, offset: int, data) -> int:

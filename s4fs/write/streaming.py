@@ -1,8 +1,8 @@
 """A write handle's ingest thread: the spool coded while the file is still being written.
 
 The thread feeds the spool's written prefix (:attr:`Spool.frontier`), one step at a
-time, to one :class:`~s4fs.write.ingest.IngestSession` (made by the filesystem's
-``new_session``, which chose the delta base), at the coding workers' low CPU priority.
+time, to one :class:`~s4fs.write.ingest.IngestSession` (made by the save's
+:class:`~s4fs.write.bases.Sessions`, which chose the delta base), at the coding workers' low CPU priority.
 At the commit, :meth:`StreamingIngest.manifest` stops it and finishes that session over
 the rest of the spool — or, where what it read is no longer what the spool holds, codes
 the whole spool again in a new one.
@@ -22,31 +22,58 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import xxhash
 
 from s4fs.errors import S4Error, SpoolChanged
 from s4fs.manifest import Manifest
 from s4fs.write.ingest import IngestSession
+from s4fs.write.meta import FileMeta
+from s4fs.write.pending import Pending
+from s4fs.write.spool import Spool
 from s4fs.write.state import State
 
 if TYPE_CHECKING:
-    from s4fs.write.handle import WriteHandle
+    from s4fs.fsconfig import FsConfig
+    from s4fs.write.bases import Sessions
 
 _STEP = 4 << 20           # bytes the ingest thread reads from the spool at a time
 _FOLLOW = 0.005           # s between looks at a spool the kernel writes (passthrough)
 
 
+class Fed(Protocol):
+    """The file whose spool the thread codes (a :class:`~s4fs.write.WriteHandle`), as
+    the thread reads it under the handle's lock; ``fail`` and ``behind`` are called
+    with that lock held."""
+
+    path: str
+    previous: Manifest | None         # the version the new one replaces (delta lineage)
+    spool: Spool
+    state: State
+    error: BaseException | None
+    meta: FileMeta
+    pending: Pending
+
+    @property
+    def passthrough(self) -> bool: ...
+    def behind(self) -> None: ...
+    def fail(self, exc: BaseException) -> None: ...
+
+
 class StreamingIngest:
-    """The background ingest of one :class:`~s4fs.write.handle.WriteHandle`'s spool.
+    """The background ingest of one write handle's spool (``w``), its sessions made by
+    ``sessions``; ``checks``: the threads a passthrough commit hashes its steps on.
 
     Every method is called with the handle's lock (``cond``) held. The thread takes that
     lock to look at the handle (its state, error, spool and mode) and to record what it
     took, and releases it while it reads and codes a step."""
 
-    def __init__(self, w: "WriteHandle", cond: threading.Condition) -> None:
+    def __init__(self, w: Fed, cond: threading.Condition, cfg: "FsConfig",
+                 sessions: "Sessions", checks: Callable[[], Executor]) -> None:
         self._w, self._cond = w, cond
+        self._cfg, self._sessions, self._checks = cfg, sessions, checks
         self._session: IngestSession | None = None
         self.ingested = 0                 # spool bytes the session has consumed
         self._claimed = 0                 # ... plus those the thread is reading now
@@ -79,8 +106,8 @@ class StreamingIngest:
         spool (the committer then codes only what is left); ``--writeback`` does only
         where asked (``FsConfig.code_while_written``: coding after close blocks the
         training loop less, for the same drain; docs/BENCHMARKS.md)."""
-        w = self._w
-        if w.writeback and not (w.passthrough and w.fs.cfg.code_while_written):
+        if self._cfg.writeback and not (self._w.passthrough and
+                                        self._cfg.code_while_written):
             return
         if self._thread is None and not self._stop:
             self._thread = threading.Thread(target=self._run, daemon=True,
@@ -140,11 +167,13 @@ class StreamingIngest:
         w = self._w
         start = self.ingested
         if s is None:
-            s = w.fs.new_session(w.path, w.previous, w.spool.name)
+            s = self._sessions.new(w.path, w.previous, w.spool.name)
             start = 0
         try:
             self._feed(s, start, w.spool.size)
-            return s.finish(mode=w.mode, mtime_ns=w.mtime_ns, atime_ns=w.atime_ns)
+            meta = w.meta
+            return meta.owned(s.finish(mode=meta.mode, mtime_ns=meta.mtime_ns,
+                                       atime_ns=meta.atime_ns))
         except BaseException:
             s.abort()
             raise
@@ -174,8 +203,7 @@ class StreamingIngest:
         def holds(step):
             off, n, digest = step
             return xxhash.xxh3_64_intdigest(os.pread(fd, n, off)) == digest
-        checks = w.fs.runtime.thread("s4fs-check", min(8, os.cpu_count() or 1))
-        return all(checks.map(holds, self._steps))
+        return all(self._checks().map(holds, self._steps))
 
     # --- the thread ------------------------------------------------------------------
 
@@ -184,12 +212,12 @@ class StreamingIngest:
         first step), and again, until stopped or the handle failed."""
         from s4fs.coding import lower_priority
         w = self._w
-        lower_priority(w.fs.cfg.ingest.nice)
+        lower_priority(self._cfg.ingest.nice)
         try:
             while (claim := self._claim()) is not None:
                 s, lo, hi = claim
                 if s is None:
-                    s = w.fs.new_session(w.path, w.previous, w.spool.name)
+                    s = self._sessions.new(w.path, w.previous, w.spool.name)
                     with self._cond:
                         self._session = s
                 self._take(s, lo, hi)
@@ -241,10 +269,10 @@ class StreamingIngest:
         commit codes the whole spool again (writeback: and retries until that works).
         Otherwise the save has failed."""
         changed = isinstance(exc, SpoolChanged)
-        if self._w.writeback or changed:
+        if self._cfg.writeback or changed:
             self.abort()
             self._ok = False
             if not changed:
-                self._w.last_error = exc
+                self._w.pending.note(exc)
         else:
             self._w.fail(exc)

@@ -198,7 +198,7 @@ def _in(room: str, module: str) -> bool:
 
 
 def test_the_write_and_read_rooms_never_import_the_filesystem():
-    # they talk to it through ports: write.WriterPort, write.bases.SessionPort, and the
+    # they talk to it through ports: write.services.Record, write.bases.Listing, and the
     # callbacks a read.NodeReader is given
     assert not _offenders(lambda m, d: (_in("s4fs.write", m) or _in("s4fs.read", m)) and
                           (d in ("s4fs.fs", "s4fs.api") or _in("s4fs.torch", d)))
@@ -256,3 +256,17 @@ def test_no_private_name_crosses_a_room():
     bad = [f"{m} imports {target}" for m, target in _private_imports()
            if _room(m) != _room(target)]
     assert not bad, "private names used across rooms: " + "; ".join(sorted(bad))
+
+
+CLASS_LINES = 400       # a class that needs more is two concepts (docs/ARCHITECTURE.md)
+
+
+def test_no_class_is_two_concepts():
+    big = []
+    for name, path in MODULES.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        big += [f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+                for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+                and n.end_lineno - n.lineno + 1 > CLASS_LINES]
+    assert not big, f"classes over {CLASS_LINES} lines: " + ", ".join(sorted(big))

@@ -280,13 +280,12 @@ def test_large_save_over_s3_with_a_small_cache_disk(small_disk, make_s3_store, t
     from s4fs.coding import IngestConfig
 
     # no decoded cache: the reads below must go through the packs
-    cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False, decoded_cache_bytes=0,
-                   ingest=IngestConfig(pack_size=8 * MiB))
     folder = os.path.join(small_disk, "packs")
+    cfg = FsConfig(cache_dir=str(tmp_path / "cache"), delta=False, decoded_cache_bytes=0,
+                   pack_cache_dir=folder, ingest=IngestConfig(pack_size=8 * MiB))
     store = make_s3_store()
     fs = Filesystem(store, cfg)
     try:
-        fs.pack_cache = fs.source.blob_cache = PackCache(folder, cfg.pack_cache_bytes)
         data = os.urandom(150 * MiB)                     # incompressible: packs ~ data
         h = fs.open_write("big.pt")
         for pos in range(0, len(data), MiB):
