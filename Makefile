@@ -11,9 +11,10 @@ LAYER ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.s4fs-deps
 APT_PACKAGES := fuse3 libfuse3-dev pkg-config gcc python3-dev systemd rsync shellcheck curl patch
-# the tests also open `s4fs report`'s HTML in a real headless browser, and make a small
-# ext4 disk (mkfs.ext4, a loop mount) for the full-cache-disk tests
-APT_TEST_PACKAGES := chromium e2fsprogs
+# the tests also open `s4fs report`'s HTML in a real headless browser, make a small
+# ext4 disk (mkfs.ext4, a loop mount) for the full-cache-disk tests, and run the S3 tests
+# a second time on Ceph's RADOS Gateway, a real S3 server (tests/rgw_server.py)
+APT_TEST_PACKAGES := chromium e2fsprogs radosgw ceph-mon ceph-osd
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test check deps apt bench clean passthrough
@@ -69,6 +70,9 @@ test: deps $(if $(filter-out mount,$(LAYER)),,$(PT)/.built)
 	  echo "== the real-kernel suite again, every mount through FUSE passthrough"; \
 	  S4FS_TEST_TRANSPORT=passthrough $(PT_SITE) $(PYTEST) -m kernel tests/$(LAYER); \
 	fi
+	@echo "== the S3 tests again on Ceph RGW, a real S3 server (tests/s3_server.py)"
+	@S4FS_TEST_S3=rgw $(PT_SITE) $(PYTEST) -m s3 tests/$(LAYER); rc=$$?; \
+	  [ $$rc = 0 ] || [ $$rc = 5 ]       # 5: this layer has no S3 test
 
 # the inner loop (CONTRIBUTING.md): no FUSE mount, no libfuse build, no GPU, nothing slow
 check: deps

@@ -1,12 +1,19 @@
 """Pytest fixtures for S3 tests: a real S3 HTTP server on loopback, and a proxy that
 makes it misbehave.
 
+Which server: ``S4FS_TEST_S3=moto`` (the default: moto's server mode, an emulator
+written for tests) or ``S4FS_TEST_S3=rgw`` (Ceph's RADOS Gateway, a real S3 server:
+one monitor, one OSD and radosgw started for the session, tests/rgw_server.py; the S3
+tests skip, saying why, where its Debian packages are missing). ``make test`` runs every
+test on moto, then the ``s3`` tests again on RGW.
+
 ``tests/conftest.py`` imports every public name of this module, so these fixtures are
 visible to every test:
 
-* ``s3_endpoint`` (session): URL of moto's S3 server (server mode, real HTTP on
-  127.0.0.1, a free port). Dummy credentials are set in the environment, and the user's
-  own AWS config files, profile and endpoint variables are hidden, for the session.
+* ``s3_server`` (session): ``"moto"`` or ``"rgw"``, the server the S3 tests talk to.
+* ``s3_endpoint`` (session): URL of that server (real HTTP on 127.0.0.1, a free port).
+  Its credentials are set in the environment, and the user's own AWS config files,
+  profile and endpoint variables are hidden, for the session.
 * ``s3_client`` (session): a plain boto3 client on that server, to look behind a store.
 * ``s3_bucket`` (function): a fresh, empty bucket; emptied and removed afterwards.
 * ``make_s3_store`` (function): ``make_s3_store(prefix="run", bucket=None, **options)``
@@ -20,6 +27,7 @@ Tests that use these are marked ``s3``.
 from __future__ import annotations
 
 import http.client as _http_client
+import os as _os
 import socket as _socket
 import threading as _threading
 import uuid as _uuid
@@ -42,25 +50,49 @@ _HIDDEN_AWS_VARS = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN",
                     "AWS_CONTAINER_CREDENTIALS_FULL_URI")
 
 
+SERVERS = ("moto", "rgw")
+
+
 @pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+def s3_server() -> str:
+    which = _os.environ.get("S4FS_TEST_S3", "moto")
+    if which not in SERVERS:
+        raise pytest.UsageError(f"S4FS_TEST_S3 is one of {', '.join(SERVERS)}, "
+                                f"not {which!r}")
+    return which
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server, tmp_path_factory):
     pytest.importorskip("boto3", reason="boto3 is not installed")
+    if s3_server == "rgw":
+        from rgw_server import RgwServer, rgw_available
+        missing = rgw_available()
+        if missing is not None:
+            pytest.skip(missing)
+        server = RgwServer.start(tmp_path_factory.mktemp("rgw"))
+        keys = (server.access_key, server.secret_key)
+        url = server.endpoint
+    else:
+        server_mod = pytest.importorskip("moto.server",
+                                         reason="moto[server] is not installed")
+        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0,
+                                               verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        keys, url = ("testing", "testing"), f"http://{host}:{port}"
     aws_dir = tmp_path_factory.mktemp("aws-config")
     env = pytest.MonkeyPatch()
     for name in _HIDDEN_AWS_VARS:
         env.delenv(name, raising=False)
-    env.setenv("AWS_ACCESS_KEY_ID", "testing")
-    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    env.setenv("AWS_ACCESS_KEY_ID", keys[0])
+    env.setenv("AWS_SECRET_ACCESS_KEY", keys[1])
     env.setenv("AWS_DEFAULT_REGION", "us-east-1")
     env.setenv("AWS_CONFIG_FILE", str(aws_dir / "config"))
     env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws_dir / "credentials"))
     env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
     try:
-        yield f"http://{host}:{port}"
+        yield url
     finally:
         server.stop()
         env.undo()

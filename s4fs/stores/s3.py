@@ -389,6 +389,13 @@ class S3Store(Store):
                               "synchronise it (NTP, chrony) and retry.")
         if f.code == "ParamValidationError":
             return InvalidArgument(what)
+        if f.code in ("InvalidRequest", "InvalidArgument", "NotImplemented") and \
+                op == "put" and self._put_args:
+            asked = ", ".join(f"{k}={v}" for k, v in self._put_args.items())
+            return StoreError(f"{what}. The server refused the request with server-side "
+                              f"encryption ({asked}): it may not support it or not be "
+                              "set up for it (a KMS; Ceph RGW also wants HTTPS). Ask its "
+                              "operator, or leave out sse/kms_key_id; see docs/S3.md.")
         return StoreError(what)
 
     # --- Store -------------------------------------------------------------------

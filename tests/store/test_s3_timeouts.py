@@ -19,6 +19,14 @@ from s4fs.errors import Busy, StoreUnavailable
 MiB = 1 << 20
 pytestmark = pytest.mark.s3
 
+
+@pytest.fixture(autouse=True)
+def _one_server_is_enough(s3_server):
+    # what answers here is a silent socket or the proxy's own errors, never the server
+    # behind it: the second pass of the S3 tests (on Ceph RGW) leaves these out
+    if s3_server != "moto":
+        pytest.skip("the server behind makes no difference here: run on moto only")
+
 #: what S3Options' docstring promises for the defaults: "about a minute"
 DEFAULT_BOUND = 60.0
 
