@@ -1,11 +1,14 @@
 """s4fs beside the FUSE filesystems users run today, on the same loopback S3 server.
 
     python bench/peers.py [--gib 0.25] [--repeat 3] [--every 5] [--link RATE]
-                          [--peers s4fs,s4fs-writeback,s3fs,rclone,boto3]
+                          [--server moto|rgw] [--peers s4fs,s4fs-writeback,s3fs,rclone,boto3]
                           [--rclone-cache-mode full|writes] [--op-timeout 600] [--work DIR]
 
-One moto S3 server (server mode, in a process of its own, on a free port on 127.0.0.1;
-started and stopped here) serves every tool; each tool gets a fresh bucket for each
+One S3 server on a free port on 127.0.0.1, started and stopped here, serves every tool:
+moto's (server mode, in a process of its own; the default) or, with ``--server rgw``,
+Ceph's RADOS Gateway 16.2 (one monitor, one bluestore OSD on a sparse file in the
+scratch folder, radosgw: tests/rgw_server.py; ``apt-get install radosgw ceph-mon
+ceph-osd``), a real S3 server written in C++; each tool gets a fresh bucket for each
 repeat. The data is one training run's two consecutive checkpoints: MiniLM
 (all-MiniLM-L6-v2) fine-tuned with AdamW, ``--every`` steps apart (model + optimizer
 state, fp32, about 259 MiB each; ``--gib`` scales it with replicas side by side, as
@@ -64,7 +67,7 @@ server's included): over the machine's cores that is its *CPU floor*, the least 
 could take had that work been spread over every core. A load near 1× its CPU floor was
 bound by the cores, not by the link.
 
-The server is moto, not S3: a Python server sharing the machine's cores with every tool.
+moto is not S3: a Python server sharing the machine's cores with every tool.
 It keeps objects in its memory here (so ``drop_caches`` does not reach the server), but
 it copies the whole object for every GET, ranged or not: a tool that reads a big object
 in many ranges (s3fs, boto3's ``download_file``; s4fs reads 4 MiB chunks of ~32 MiB
@@ -85,6 +88,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -358,6 +362,9 @@ class MotoServer:
             "sys.stdin.read()\n"
             "s.stop()\n")
 
+    name = "moto"
+    keys = ("testing", "testing")
+
     def __init__(self, log: str) -> None:
         self._log = open(log, "w")
         # objects kept in the server's memory: by default moto spills each object over
@@ -377,6 +384,10 @@ class MotoServer:
         self.url = f"http://127.0.0.1:{int(got[0])}"
         import boto3
         self.client = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1")
+
+    def version(self) -> str:
+        import moto
+        return f"moto {moto.__version__}"
 
     def stop(self) -> None:
         try:
@@ -428,6 +439,29 @@ class MotoServer:
                 raise PeerError(f"s3://{bucket}/{key} not in the bucket {timeout:.0f} s "
                                 f"after close()")
             time.sleep(0.02)
+
+
+class RgwS3(MotoServer):
+    """Ceph's RADOS Gateway (tests/rgw_server.py) in ``folder``, with its own keys."""
+
+    name = "rgw"
+
+    def __init__(self, folder: str) -> None:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__))), "tests"))
+        from rgw_server import RgwServer
+        self._rgw = RgwServer.start(Path(folder))
+        self.url = self._rgw.endpoint
+        self.keys = (self._rgw.access_key, self._rgw.secret_key)
+        self.client = self._rgw.client()
+
+    def version(self) -> str:
+        out = subprocess.run(["radosgw", "--version"], capture_output=True, text=True)
+        words = out.stdout.split()
+        return f"Ceph RGW {words[2] if len(words) > 2 else '?'}"
+
+    def stop(self) -> None:
+        self._rgw.stop()
 
 
 # --- the tools -----------------------------------------------------------------------
@@ -567,7 +601,7 @@ class S3fs(FuseTool):
     def mount(self, cache: str) -> None:
         pw = os.path.join(self.work, "s3fs.passwd")
         with open(pw, "w") as f:
-            f.write("testing:testing\n")
+            f.write("%s:%s\n" % self.s3.keys)
         os.chmod(pw, 0o600)
         self._start(["s3fs", self.bucket, self.mnt, "-f",
                      "-o", f"url={self.s3.url},use_path_request_style,passwd_file={pw},"
@@ -581,10 +615,10 @@ class Rclone(FuseTool):
     def mount(self, cache: str) -> None:
         conf = os.path.join(self.work, "rclone.conf")
         with open(conf, "w") as f:
-            f.write(f"[moto]\ntype = s3\nprovider = Other\nendpoint = {self.s3.url}\n"
-                    "access_key_id = testing\nsecret_access_key = testing\n"
-                    "region = us-east-1\n")
-        self._start(["rclone", "mount", f"moto:{self.bucket}", self.mnt, "--config", conf,
+            f.write(f"[s3]\ntype = s3\nprovider = Other\nendpoint = {self.s3.url}\n"
+                    f"access_key_id = {self.s3.keys[0]}\n"
+                    f"secret_access_key = {self.s3.keys[1]}\nregion = us-east-1\n")
+        self._start(["rclone", "mount", f"s3:{self.bucket}", self.mnt, "--config", conf,
                      "--cache-dir", cache, "--vfs-cache-mode", self.cache_mode,
                      "--vfs-write-back", "0s", "--log-level", "NOTICE"])
 
@@ -759,6 +793,8 @@ def main(argv=None) -> int:
                     help="seconds a save (until durable) or a load may take before its "
                          "mount is aborted and the tool marked failed")
     ap.add_argument("--work", help="scratch folder (default: a temp dir on /tmp's disk)")
+    ap.add_argument("--server", default="moto", choices=["moto", "rgw"],
+                    help="the S3 server: moto's (an emulator) or Ceph RGW (a real one)")
     ap.add_argument("--link", help="run inside a network namespace whose loopback is "
                                    "limited to this rate (tc units: 1gbit, 10gbit)")
     args = ap.parse_args(argv)
@@ -808,7 +844,9 @@ def main(argv=None) -> int:
     results: dict[str, list[dict]] = {p: [] for p in peers}
     s3 = None
     try:
-        s3 = MotoServer(os.path.join(work, "moto.log"))
+        s3 = RgwS3(os.path.join(work, "rgw")) if args.server == "rgw" else \
+            MotoServer(os.path.join(work, "moto.log"))
+        os.environ.update(AWS_ACCESS_KEY_ID=s3.keys[0], AWS_SECRET_ACCESS_KEY=s3.keys[1])
         rates = server_rates(s3)
         local = local_times(cks[-1], work)
         print(f"# floors: server PUT {rates['put'] / 1e6:.0f} MB/s, GET "
@@ -834,6 +872,7 @@ def main(argv=None) -> int:
                     f"{k} {v:.2f}" for k, v in res.items() if isinstance(v, float))
                     + f" ({time.perf_counter() - t1:.0f} s)", flush=True)
     finally:
+        server_name = s3.version() if s3 is not None else args.server
         if s3 is not None:
             s3.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -885,14 +924,13 @@ def main(argv=None) -> int:
     print(f"# load average before {load_before[0]:.2f} {load_before[1]:.2f} "
           f"{load_before[2]:.2f}, after {load_after[0]:.2f} {load_after[1]:.2f} "
           f"{load_after[2]:.2f}")
-    import moto
     print(f"# link: {link or 'loopback, unlimited'}; the server's whole-object PUT "
           f"{rates['put'] / 1e6:.0f} MB/s, GET {rates['get'] / 1e6:.0f} MB/s through it "
           f"(best of 1 and 4 streams; one stream: PUT {rates['put1'] / 1e6:.0f}, GET "
           f"{rates['get1'] / 1e6:.0f} MB/s); "
           f"local disk: torch.save {local['save']:.2f} s, cold torch.load "
           f"{local['load']:.2f} s")
-    print(f"# one moto {moto.__version__} S3 server on 127.0.0.1; s3fs "
+    print(f"# one {server_name} S3 server on 127.0.0.1; s3fs "
           f"{version('s3fs')}, rclone {version('rclone')} (--vfs-cache-mode "
           f"{args.rclone_cache_mode}, --vfs-write-back 0s); 2 consecutive checkpoints "
           f"(MiniLM + AdamW, {args.every} steps apart), {size / 2 / 2**20:.0f} MiB each; "

@@ -178,13 +178,18 @@ def pt_site(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def s3_server_process():
-    """moto's S3 server in a process of its own, on a free loopback port.
+def s3_server_process(s3_server, request):
+    """The S3 server in processes of its own, on a free loopback port: moto's, started
+    here, or (``S4FS_TEST_S3=rgw``) the session's Ceph RGW, whose daemons are processes
+    already.
 
-    Mount tests cannot use the in-process server: a test blocked in a FUSE system call
-    (torch.save's C++ writer holds the GIL) would starve the server thread that the
+    Mount tests cannot use the in-process moto server: a test blocked in a FUSE system
+    call (torch.save's C++ writer holds the GIL) would starve the server thread that the
     mount daemon is waiting for.
     """
+    if s3_server == "rgw":
+        yield request.getfixturevalue("s3_endpoint")
+        return
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
     code = ("from moto.server import ThreadedMotoServer\n"
             "import sys, time\n"
@@ -204,8 +209,8 @@ def s3_server_process():
 
 
 def s3_url(request, prefix: str = "mnt") -> str:
-    """An s3:// store URL on a loopback S3 server process (moto, server mode), in a
-    fresh bucket; credentials are the dummy ones the S3 fixtures set."""
+    """An s3:// store URL on a loopback S3 server process (``s3_server_process``), in a
+    fresh bucket; credentials are the ones the S3 fixtures set."""
     import uuid
     request.getfixturevalue("s3_endpoint")          # sets dummy AWS credentials
     endpoint = request.getfixturevalue("s3_server_process")

@@ -179,7 +179,8 @@ class S3FaultProxy:
     ``action`` instead of being forwarded. Actions: ``"slowdown"`` (503 SlowDown),
     ``"unavailable"`` (503 ServiceUnavailable), ``"internal"`` (500 InternalError),
     ``"denied"`` (403 AccessDenied), ``"nosuchbucket"`` (404), ``"drop"`` (close the
-    connection without answering). Error answers carry the request id
+    connection without answering), ``"corrupt"`` (forward it with one byte of its body
+    flipped, as a link that damages data would). Error answers carry the request id
     ``s4fs-proxy-<n>`` in the body and in ``x-amz-request-id``.
 
     ``requests`` lists ``(method, path, action)`` of every request seen, in order.
@@ -213,7 +214,7 @@ class S3FaultProxy:
 
     def inject(self, action: str, times: int | None = None,
                when: _Callable[[str, str], bool] | None = None) -> None:
-        if action not in _ERRORS and action != "drop":
+        if action not in _ERRORS and action not in ("drop", "corrupt"):
             raise ValueError(f"unknown proxy action {action!r}")
         with self._lock:
             self._rules.append([action, times, when])
@@ -258,7 +259,11 @@ class S3FaultProxy:
             except OSError:
                 pass
             return
-        if action != "forward":
+        if action == "corrupt" and body:
+            damaged = bytearray(body)
+            damaged[len(damaged) // 2] ^= 0x10
+            body = bytes(damaged)
+        elif action not in ("forward", "corrupt"):
             status, code, message = _ERRORS[action]
             rid = f"s4fs-proxy-{number}"
             payload = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'

@@ -26,7 +26,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from s4fs.errors import (Busy, InvalidArgument, NotFound, PermissionDenied, S4Error,
                          StoreError, StoreUnavailable)
 
-from .base import NameTooLong, ObjectInfo, Store, check_key
+from ._s3_parts import PackWriter, Upload, content_md5
+from .base import NameTooLong, ObjectInfo, ObjectWriter, Store, check_key
 
 S3_KEY_MAX = 1024            # bytes of UTF-8 in an S3 object key
 
@@ -49,7 +50,10 @@ _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException",
                         "503", "429"})
 _TRANSIENT = frozenset({"InternalError", "InternalServerError", "RequestTimeout",
                         "RequestTimeoutException", "OperationAborted", "BadGateway",
-                        "GatewayTimeout", "500", "502", "504"})
+                        "GatewayTimeout", "500", "502", "504",
+                        # a body damaged on the way (its Content-MD5 or signed hash does
+                        # not match): the server stored nothing; send it again
+                        "BadDigest", "XAmzContentSHA256Mismatch"})
 _THROTTLED_STATUS = frozenset({429, 503})
 _TRANSIENT_STATUS = frozenset({500, 502, 504})
 
@@ -497,8 +501,14 @@ class S3Store(Store):
             self._put_multipart(key, full, view if view is not None else memoryview(data))
             return
         body = data if view is None else view.tobytes()
+        md5 = content_md5(body)
         self._call("put", key, lambda: self._client.put_object(
-            Bucket=self.bucket, Key=full, Body=body, **self._put_args))
+            Bucket=self.bucket, Key=full, Body=body, ContentMD5=md5, **self._put_args))
+
+    def writer(self, key) -> ObjectWriter:
+        """A pack sent as the parts of a multipart upload while it fills (s4fs.stores.
+        _s3_parts), each part with its MD5 for the server to check."""
+        return PackWriter(self, key, self._key(key))
 
     def replace(self, key, data, expected: bytes) -> bool:
         """S3's conditional write: the object is read with its ETag and put back with
@@ -531,7 +541,8 @@ class S3Store(Store):
         def put(tag: str) -> bool:
             try:
                 self._client.put_object(Bucket=self.bucket, Key=full, Body=body,
-                                        IfMatch=tag, **self._put_args)
+                                        ContentMD5=content_md5(body), IfMatch=tag,
+                                        **self._put_args)
                 return True
             except ClientError as exc:
                 if _client_error_code(exc) in ("PreconditionFailed",
@@ -557,30 +568,15 @@ class S3Store(Store):
         """Upload in parts; the object appears only when the upload completes, and a
         failed upload is aborted so no parts linger (best effort: also set a bucket
         lifecycle rule, see docs/S3.md)."""
-        client, bucket = self._client, self.bucket
-        upload_id = self._call("put", key, lambda: client.create_multipart_upload(
-            Bucket=bucket, Key=full, **self._put_args)["UploadId"])
+        upload = Upload(self, key, full)
         try:
-            parts = []
             # S3: parts of at least 5 MiB (but the last), at most 10,000 of them
             step = max(self.options.part_size, 5 * MiB, -(-view.nbytes // 10_000))
-            for number, offset in enumerate(range(0, view.nbytes, step), start=1):
-                body = view[offset:offset + step].tobytes()
-                response = self._call("put", key, lambda: client.upload_part(
-                    Bucket=bucket, Key=full, UploadId=upload_id, PartNumber=number,
-                    Body=body))
-                part = {"PartNumber": number, "ETag": response["ETag"]}
-                part.update({k: v for k, v in response.items() if k.startswith("Checksum")
-                             and k != "ChecksumType"})
-                parts.append(part)
-            self._call("put", key, lambda: client.complete_multipart_upload(
-                Bucket=bucket, Key=full, UploadId=upload_id,
-                MultipartUpload={"Parts": parts}))
+            for offset in range(0, view.nbytes, step):
+                upload.send(view[offset:offset + step].tobytes())
+            upload.complete()
         except BaseException:
-            try:
-                client.abort_multipart_upload(Bucket=bucket, Key=full, UploadId=upload_id)
-            except Exception:
-                pass                          # the lifecycle rule reclaims it
+            upload.abort()
             raise
 
     def delete(self, key) -> None:

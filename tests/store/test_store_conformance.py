@@ -1,5 +1,5 @@
 """One store conformance suite, run against every Store: LocalStore on a temporary
-directory, S3Store against a real S3 HTTP server on loopback (moto server mode), and a
+directory, S3Store against a real S3 HTTP server on loopback (moto, then Ceph RGW), and a
 FailingStore with nothing armed (a wrapper must be transparent).
 
 The contract is the docstring of ``s4fs/stores/base.py``.
