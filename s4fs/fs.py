@@ -43,7 +43,7 @@ from s4fs.read.fetch import THREADS as FETCH_THREADS
 from s4fs.record import Recorder
 from s4fs.runtime import Runtime, current as current_runtime
 from s4fs.stores import LocalStore, Store
-from s4fs.write import (IngestSession, Rewriter, RoomKeeper, Services, Sessions, State,
+from s4fs.write import (IngestSession, Rewriter, SpaceKeeper, Services, Sessions, State,
                         WriteHandle)
 from s4fs.writeback import Writeback
 
@@ -70,7 +70,7 @@ class Filesystem:
         self.cache = CacheDir(self.cfg.cache_dir, writeback=self.cfg.writeback)
         self.cache_dir = self.cache.path
         self.spool_dir = self.cache.sub("spool", make=True)
-        self.room = RoomKeeper(self.spool_dir, self.make_room)
+        self.space = SpaceKeeper(self.spool_dir, self.free_space)
         self.pack_cache = None
         if self.cfg.pack_cache_bytes != 0 and not isinstance(store, LocalStore):
             self.pack_cache = PackCache(self.cfg.pack_cache_dir or self.cache.sub("packs"),
@@ -101,7 +101,7 @@ class Filesystem:
                                  pack_cache=self.pack_cache, source=self.source,
                                  pools=self.pools, committer=self.writeback.committer)
         self.services = Services(
-            self.cfg, self.sessions, self.record, self.spool_dir, self.make_room, self.room,
+            self.cfg, self.sessions, self.record, self.spool_dir, self.free_space, self.space,
             self.writeback.journal, self.writeback.committer, self.decoded, self.source,
             lambda: self.runtime.thread("s4fs-check", min(8, os.cpu_count() or 1)))
         self.writeback.replay(self.services, self.files, self.spool_dir,
@@ -127,7 +127,7 @@ class Filesystem:
         self.writeback.drain()
         self.files.close()
         self.writeback.close()
-        self.room.close()
+        self.space.close()
         self.source.close()
         self.cache.close()
 
@@ -135,13 +135,13 @@ class Filesystem:
         if self.on_invalidate is not None:
             self.on_invalidate(node, gone)
 
-    def make_room(self, nbytes: int) -> bool:
+    def free_space(self, nbytes: int) -> bool:
         """The cache disk is full: the caches give space back (spools come first)."""
         freed = False
         if self.decoded is not None:
-            freed = self.decoded.make_room(nbytes) or freed
+            freed = self.decoded.free_space(nbytes) or freed
         if self.pack_cache is not None:
-            freed = bool(self.pack_cache.make_room(nbytes)) or freed
+            freed = bool(self.pack_cache.free_space(nbytes)) or freed
         return freed
 
     def statfs(self) -> dict:

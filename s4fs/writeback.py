@@ -49,7 +49,7 @@ class Writeback:
             keep.add(os.path.abspath(e.spool))
             w = WriteHandle(services, e.path, e.mode, initial=None, previous=manifest(e.path),
                             spool=Spool.reopen(e.spool, e.path,
-                                               make_room=services.make_room), accepted=e)
+                                               free_space=services.free_space), accepted=e)
             old = files.writer(e.path)
             if old is not None:
                 old.detach()

@@ -115,6 +115,9 @@ def _pins_passthrough(item) -> bool:
 @pytest.hookimpl(tryfirst=True)        # before -m selects by the marks added here
 def pytest_collection_modifyitems(config, items):
     _mark_kernel_and_fuse(items)
+    # the tests that take a minute or so first: pytest-xdist hands tests out in this
+    # order, and one of them started last would keep the whole run waiting for it
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     # by marker, not keyword: every test under tests/gpu/ has the keyword "gpu" (its
     # folder), and the emulated-GPU tests there run on any machine
     gpu_items = [i for i in items if i.get_closest_marker("gpu") is not None]

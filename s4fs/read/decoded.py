@@ -8,7 +8,7 @@ name is the version id, so a newer version of the file never matches an old entr
 
 Contract: ``adopt(id, spool)`` takes ownership of a closed-over spool file;
 ``open(id)`` returns a new read-only descriptor or None; the total size stays within
-``max_bytes`` (least recently used entries go first); ``make_room(n)`` evicts until ``n``
+``max_bytes`` (least recently used entries go first); ``free_space(n)`` evicts until ``n``
 bytes are free on the disk or nothing is left, and returns whether it freed anything.
 Bytes served from here are checked against the manifest's whole-file hash when a file is
 read from start to end (as reads from the store are); an entry that fails that check is
@@ -153,7 +153,7 @@ class DecodedCache:
             _unlink(self._path(vid))
             freed = True
 
-    def make_room(self, nbytes: int) -> bool:
+    def free_space(self, nbytes: int) -> bool:
         return self._trim(nbytes)
 
 

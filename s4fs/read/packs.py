@@ -11,7 +11,7 @@ disk) the least recently used packs are evicted; when the disk is nearly full (l
 than ``reserve`` would stay free: 5 % of the disk, at most 1 GiB) or a pack alone is
 larger than the budget, the pack is simply not cached. Any ``OSError`` while writing
 an entry (``ENOSPC``, ``EDQUOT``, ``EIO``, ...) is logged once as a warning, the
-partial file is removed and the save goes on; ``make_room(n)`` lets the rest of the
+partial file is removed and the save goes on; ``free_space(n)`` lets the rest of the
 mount ask the cache to give disk space back. Every entry carries a checksum per 64 KiB
 block and a versioned footer, so an entry that is missing, short, torn by a crash or
 corrupted on disk is a miss (the reader fetches those bytes from the store, which it
@@ -159,10 +159,10 @@ class PackCache:
         except OSError:
             pass
 
-    def make_room(self, nbytes: int) -> int:
+    def free_space(self, nbytes: int) -> int:
         """Evict least recently used packs until at least ``nbytes`` are free on the
         cache disk (or the cache is empty); returns the bytes given back. For a writer
-        that got ``ENOSPC`` beside the cache: ``make_room(n)``, then retry once."""
+        that got ``ENOSPC`` beside the cache: ``free_space(n)``, then retry once."""
         if self.disabled:
             return 0
         freed = 0

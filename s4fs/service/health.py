@@ -112,7 +112,7 @@ class Health:
             runs = [(c.name, pool.submit(c.run)) for c in self.checks]
             results = {name: fut.result() for name, fut in runs}
         failed = [name for name, r in results.items() if not r.ok]
-        from s4fs._version import __version__
+        from s4fs import __version__
         body = {"status": "ok" if not failed else "unhealthy", "failed": failed,
                 "checks": {name: r.as_json() for name, r in results.items()},
                 "version": __version__}

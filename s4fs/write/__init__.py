@@ -12,8 +12,8 @@
   it and handed down (the sessions, the namespace's :class:`~s4fs.write.services.Record`
   of a commit, the cache disk, the journal and committer);
 * ``spool``: :class:`Spool`, the local file that takes the writes in any order;
-* ``room``: room on the cache disk for a spool the kernel writes (FUSE passthrough):
-  :class:`RoomKeeper` and :func:`disk_full`;
+* ``space``: free space on the cache disk for a spool the kernel writes (passthrough):
+  :class:`SpaceKeeper` and :func:`disk_full`;
 * ``ingest``: :class:`IngestSession` (stream → chunks → coding → packs) and
   :class:`PackWriter`;
 * ``bases``: the delta base of a new version (:func:`choose_base`) and
@@ -33,10 +33,10 @@ from s4fs.write.committer import Committer
 from s4fs.write.handle import State, WriteHandle
 from s4fs.write.ingest import IngestSession, PackWriter
 from s4fs.write.journal import Entry, Journal
-from s4fs.write.room import RoomKeeper, disk_full
+from s4fs.write.space import SpaceKeeper, disk_full
 from s4fs.write.services import Record, Services
 from s4fs.write.spool import Spool, fresh_spool_name
 
 __all__ = ["Committer", "Entry", "IngestSession", "Journal", "PackWriter", "Record",
-           "Rewriter", "RoomKeeper", "Services", "Sessions", "Spool", "State", "WriteHandle",
+           "Rewriter", "SpaceKeeper", "Services", "Sessions", "Spool", "State", "WriteHandle",
            "candidates", "choose_base", "disk_full", "fresh_spool_name", "reexpress"]

@@ -6,7 +6,7 @@ spool's ``fstat``: its size (the kernel raises its own after each write, and a s
 smaller one would shrink it) and whether size or mtime moved since the last look (then
 the file has a new version to commit). A write that failed on a full cache disk is never
 seen either, so while the kernel writes, the filesystem's
-:class:`~s4fs.write.room.RoomKeeper` watches the disk, and the save probes it before it
+:class:`~s4fs.write.space.SpaceKeeper` watches the disk, and the save probes it before it
 is committed or accepted (:meth:`KernelWrites.check_room`).
 """
 
@@ -21,7 +21,7 @@ from s4fs.errors import NoSpace
 from s4fs.write.spool import Spool
 
 if TYPE_CHECKING:
-    from s4fs.write.room import RoomKeeper
+    from s4fs.write.space import SpaceKeeper
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,16 @@ class KernelWrites:
     """What one handle knows of the kernel's writes into its spool (off until
     :meth:`start`). Called under the handle's lock."""
 
-    def __init__(self, room: "RoomKeeper", make_room=None) -> None:
+    def __init__(self, space: "SpaceKeeper", free_space=None) -> None:
         self.on = False                   # the kernel writes the spool (passthrough)
-        self._room, self._make_room = room, make_room
-        self._watching = False            # counted by the room keeper
+        self._space, self._free_space = space, free_space
+        self._watching = False            # counted by the space keeper
         self._seen: tuple[int, int] | None = None    # (size, mtime_ns) at the last look
 
     def start(self, spool: Spool) -> None:
         """From now on the kernel writes ``spool`` directly (before its first write)."""
         if not self._watching:
-            self._room.watch()            # the caches make room before the disk is full
+            self._space.watch()            # the caches make room before the disk is full
             self._watching = True
         self.on = True
         self._seen = _stamp(spool)
@@ -49,15 +49,15 @@ class KernelWrites:
         ``name``, which the kernel already passes the inode through to (readers hold
         it: a copy of the version the save starts from), emptied if the open truncated
         the file."""
-        new = kernel_spool(name, spool.label, make_room=self._make_room, truncate=truncate)
+        new = kernel_spool(name, spool.label, free_space=self._free_space, truncate=truncate)
         spool.close()
         return new
 
     def stop(self) -> None:
-        """The save is over (closed or failed): the room keeper need not watch for it."""
+        """The save is over (closed or failed): the space keeper need not watch for it."""
         if self._watching:
             self._watching = False
-            self._room.unwatch()
+            self._space.unwatch()
 
     def moved(self, spool: Spool) -> bool:
         """Whether the kernel wrote ``spool`` since the last look (its size or mtime
@@ -95,11 +95,11 @@ class KernelWrites:
             raise
 
 
-def kernel_spool(name: str, label: str, *, make_room, truncate: bool) -> Spool:
+def kernel_spool(name: str, label: str, *, free_space, truncate: bool) -> Spool:
     """The file at ``name``, which the kernel already passes an inode through to (a copy
     of the version a save starts from), opened as that save's spool; emptied where the
     open truncated the file."""
-    spool = Spool.reopen(name, label, make_room=make_room)
+    spool = Spool.reopen(name, label, free_space=free_space)
     try:
         if truncate:
             spool.truncate(0)

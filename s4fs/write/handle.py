@@ -88,10 +88,10 @@ class WriteHandle:
         self.same_bytes = False           # the spool holds exactly ``previous``'s bytes
         self.node = None                  # its file on this mount (s4fs.read.node)
         self._cond = threading.Condition(threading.RLock())
-        self.spool = spool or Spool(services.spool_dir, path, make_room=services.make_room)
+        self.spool = spool or Spool(services.spool_dir, path, free_space=services.free_space)
         self.stream = StreamingIngest(self, self._cond, services.cfg, services.sessions,
                                       services.checks)
-        self.kernel = KernelWrites(services.room, services.make_room)   # passthrough
+        self.kernel = KernelWrites(services.space, services.free_space)   # passthrough
         if accepted is not None:
             self.meta.journalled(accepted)
             self.refs, self.state, self.pending.since = 0, State.SPOOLED, accepted.accepted

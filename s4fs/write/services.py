@@ -8,7 +8,7 @@ back up.
 * ``record`` (:class:`Record`): the namespace's record of the file — a commit's manifest
   written (the one atomic step of a save) and what the open files learn of it, in one
   call;
-* the cache disk (``spool_dir``, ``make_room``, ``room``), ``--writeback``'s journal and
+* the cache disk (``spool_dir``, ``free_space``, ``space``), ``--writeback``'s journal and
   committer, the decoded cache a committed spool is kept in, the chunk source an
   in-place open reads its file from, and the threads a passthrough commit checks its
   spool on.
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from s4fs.write.bases import Sessions
     from s4fs.write.committer import Committer
     from s4fs.write.journal import Journal
-    from s4fs.write.room import RoomKeeper
+    from s4fs.write.space import SpaceKeeper
 
 __all__ = ["Record", "Services"]
 
@@ -57,8 +57,8 @@ class Services:
     sessions: "Sessions"
     record: Record
     spool_dir: str                    # where spools are made
-    make_room: Callable[[int], bool]  # the cache disk is full: give space back
-    room: "RoomKeeper"                # keeps the cache disk from filling (passthrough)
+    free_space: Callable[[int], bool]  # the cache disk is full: give space back
+    space: "SpaceKeeper"               # keeps the cache disk from filling (passthrough)
     journal: "Journal"                # writeback: accepted files, replayed after a crash
     committer: "Committer"            # writeback: background commits
     decoded: "DecodedCache | None"    # keeps a committed spool as the version's copy

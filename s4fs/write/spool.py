@@ -18,7 +18,7 @@ Contract:
   it and replay it after a crash (:mod:`s4fs.write.journal`), and so that a committed spool can
   become a decoded-cache entry without a copy. ``close(remove=True)`` deletes it; a
   descriptor ``dup``'d by a reader stays valid after that.
-* On a full disk ``write`` first calls ``make_room(nbytes)`` (the caches give space back)
+* On a full disk ``write`` first calls ``free_space(nbytes)`` (the caches give space back)
   and tries once more before it raises.
 
 Not thread-safe: its owner (:class:`s4fs.write.handle.WriteHandle`) serialises calls.
@@ -33,7 +33,7 @@ import tempfile
 import uuid
 
 from s4fs.errors import NoSpace
-from s4fs.write.room import disk_full
+from s4fs.write.space import disk_full
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -50,7 +50,7 @@ def fresh_spool_name(folder: str) -> str:
 
 
 class Spool:
-    def __init__(self, folder: str, label: str = "", *, make_room=None,
+    def __init__(self, folder: str, label: str = "", *, free_space=None,
                  existing: str | None = None) -> None:
         os.makedirs(folder, exist_ok=True)
         if existing is None:
@@ -61,15 +61,15 @@ class Spool:
         self.fd = fd
         self.name = name
         self.label = label
-        self.make_room = make_room
+        self.free_space = free_space
         self.size = os.fstat(fd).st_size
         self.frontier = self.size                 # a replayed spool is written through
         self._islands: list[list[int]] = []      # written [start, end) past the frontier
 
     @classmethod
-    def reopen(cls, name: str, label: str = "", *, make_room=None) -> "Spool":
+    def reopen(cls, name: str, label: str = "", *, free_space=None) -> "Spool":
         """The spool of a file accepted before a crash (``--writeback`` journal)."""
-        return cls(os.path.dirname(name), label, make_room=make_room, existing=name)
+        return cls(os.path.dirname(name), label, free_space=free_space, existing=name)
 
     def start_as(self, read, size: int) -> None:
         """(A new, empty spool.) The ``size`` bytes ``read(offset, n)`` gives: a file
@@ -90,8 +90,8 @@ class Spool:
             try:
                 self._pwrite_all(data, offset)
             except OSError as exc:
-                if exc.errno not in _NO_SPACE or self.make_room is None \
-                        or not self.make_room(n + (64 << 20)):
+                if exc.errno not in _NO_SPACE or self.free_space is None \
+                        or not self.free_space(n + (64 << 20)):
                     raise
                 self._pwrite_all(data, offset)     # the caches gave room back: once more
         except OSError as exc:

@@ -108,6 +108,7 @@ def ok(res: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.fuse
 @pytest.mark.s3
+@pytest.mark.slow
 def test_four_ranks_two_nodes_one_bucket_reshard_and_delete_while_saving(
         request, mount_factory):
     from mount_helpers import s3_url
@@ -148,6 +149,7 @@ def test_four_ranks_two_nodes_one_bucket_reshard_and_delete_while_saving(
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_four_ranks_with_the_s4fs_writer_no_mount(request, s3_server_process,
                                                    monkeypatch):
     from mount_helpers import s3_url

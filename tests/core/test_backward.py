@@ -263,6 +263,7 @@ def test_forward_direction_is_still_offered(tmp_path):
 
 
 @pytest.mark.fuse
+@pytest.mark.slow
 def test_real_series_through_the_mount(mount_factory, tmp_path):
     """MiniLM + AdamW fine-tuned for real, saved through the mount by torch.save: after
     `s4fs sync` the older checkpoints are deltas on the newer ones, and every one loads

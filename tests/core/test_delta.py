@@ -294,6 +294,7 @@ def test_rotating_sibling_directories(tmp_path):
     fs.close()
 
 
+@pytest.mark.slow
 def test_real_finetuning_series_api(tmp_path):
     """Real AdamW fine-tuning of all-MiniLM-L6-v2 with frozen layers, saved via the API."""
     from _minilm import finetune
@@ -324,6 +325,7 @@ def test_real_finetuning_series_api(tmp_path):
 
 
 @pytest.mark.fuse
+@pytest.mark.slow
 def test_real_series_through_the_mount(mount_factory, tmp_path):
     from _minilm import finetune
     # forward chains: dense fine-tuning deltas are too large for the default read

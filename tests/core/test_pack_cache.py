@@ -117,9 +117,9 @@ def test_cache_gives_way_when_something_else_fills_the_disk(small_disk):
     assert free_bytes(small_disk) >= 4 * MiB
     held = cache.nbytes
     assert held > 0
-    assert cache.make_room(4 * MiB) == 0          # there is that much already
+    assert cache.free_space(4 * MiB) == 0          # there is that much already
     want = free_bytes(small_disk) + held          # the spool asks for space back
-    assert cache.make_room(want) == held and cache.nbytes == 0
+    assert cache.free_space(want) == held and cache.nbytes == 0
     assert free_bytes(small_disk) >= want
     fill(small_disk, leave=0)                     # ... and takes it
     cache.put("p8", pack(8))                      # nothing to write into: skipped

@@ -790,6 +790,7 @@ def test_random_changes_under_concurrent_readers_read_like_a_local_disk(
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [*MODES, "passthrough"])
 def test_mmaps_of_finished_files_survive_checkpoint_rotation(mount_factory, mode, request):
     """torch.load(mmap=True) beside a job that rotates its checkpoint: three processes

@@ -6,7 +6,7 @@ caller's ``close()`` raises ``ENOSPC`` and the previous version stays. Under pas
 the kernel writes the spool itself; a write that finds the disk full fails in the caller
 and the daemon hears nothing of it. Two things keep the same promise there:
 
-* :class:`RoomKeeper` — while any save is written behind the daemon's back, a thread
+* :class:`SpaceKeeper` — while any save is written behind the daemon's back, a thread
   looks at the cache disk every few milliseconds and has the caches give space back
   before the disk is full (what ``Spool.write`` does after the fact on requests);
 * :func:`disk_full` — at ``close()`` / ``fsync()`` of such a save, ``FULL_MARGIN``
@@ -51,7 +51,7 @@ def disk_full(folder: str, margin: int = FULL_MARGIN) -> bool:
             return True
         if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             raise
-        fd, name = tempfile.mkstemp(dir=folder, prefix=".room-")   # no O_TMPFILE here
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".space-")   # no O_TMPFILE here
     try:
         try:
             os.posix_fallocate(fd, 0, margin)
@@ -74,15 +74,15 @@ def disk_full(folder: str, margin: int = FULL_MARGIN) -> bool:
             os.unlink(name)
 
 
-class RoomKeeper:
+class SpaceKeeper:
     """Keeps ``headroom`` bytes free on the disk of ``folder`` while saves are written
-    behind the daemon (``watch``/``unwatch`` around each): below it, ``make_room``
+    behind the daemon (``watch``/``unwatch`` around each): below it, ``free_space``
     (the caches give space back) is asked for that much."""
 
-    def __init__(self, folder: str, make_room, *, headroom: int = 1 << 30,
+    def __init__(self, folder: str, free_space, *, headroom: int = 1 << 30,
                  every: float = 0.005) -> None:
         self.folder = folder
-        self.make_room = make_room
+        self.free_space = free_space
         self.headroom = headroom
         self.every = every
         self._cond = threading.Condition()
@@ -95,7 +95,7 @@ class RoomKeeper:
             self._watched += 1
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="s4fs-room")
+                                                name="s4fs-space")
                 self._thread.start()
 
     def unwatch(self) -> None:
@@ -123,7 +123,7 @@ class RoomKeeper:
                         self._thread = None
                         return
                     self._cond.wait(self.every)
-                if self.free() < self.headroom and self.make_room(self.headroom):
+                if self.free() < self.headroom and self.free_space(self.headroom):
                     log.info("the cache disk has less than %d MiB free while a file is "
                              "written through FUSE passthrough: the caches gave space back",
                              self.headroom >> 20)
