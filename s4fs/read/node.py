@@ -86,6 +86,33 @@ class NodeReader:
         # (view, when) of the file's bytes before an in-place truncation on this mount
         self._before: tuple | None = None
         self._released = False
+        # requests in the order they came (ticket), and the view the latest-come of
+        # those that chose one read: see _in_order
+        self._tickets = 0
+        self._latest: tuple[int, object | None] = (-1, None)
+
+    def ticket(self) -> int:
+        """(On the mount's event loop, as a read request comes.) The request's place in
+        the order the kernel sent them: a ``pread`` the kernel splits into several
+        requests sends them in offset order, and the threads that answer them may start
+        in another."""
+        self._tickets += 1
+        return self._tickets
+
+    def _in_order(self, ticket: int | None, view):
+        """The view a request with ``ticket`` reads: ``view`` (the node's now), unless
+        a request that came after it already read an older one — then that one, so that
+        a ``pread`` spanning a change of version reads the old version up to a byte and
+        the new one after it, never back again (as the kernel's pages of a local file
+        being overwritten)."""
+        if ticket is None:
+            return view
+        with self._lock:
+            latest, seen = self._latest
+            if ticket < latest and seen is not None:
+                return seen
+            self._latest = (ticket, view)
+        return view
 
     def _current(self):
         if self.node.gen != self._gen:
@@ -109,8 +136,8 @@ class NodeReader:
                     self._gen = gen
         return self._view
 
-    def read(self, offset: int, size: int):
-        view = self._current()
+    def read(self, offset: int, size: int, ticket: int | None = None):
+        view = self._in_order(ticket, self._current())
         self._on_read(self.node)
         data = view.read(offset, size)
         if len(data) < size and self._before is not None:
@@ -143,14 +170,15 @@ class NodeReader:
             return data
         return bytes(data) + bytes(page_end - start) + bytes(rest)
 
-    def read_now(self, offset: int, size: int):
+    def read_now(self, offset: int, size: int, ticket: int | None = None):
         """``read`` when it cannot block: the node has not changed since the last read
         and its view has every byte asked for in the page cache; else None (then
-        ``read``, from a thread)."""
+        ``read``, from a thread, with the same ticket)."""
         if self.node.gen != self._gen:
             return None
+        view = self._in_order(ticket, self._view)
         self._on_read(self.node)
-        return self._view.read_now(offset, size)
+        return view.read_now(offset, size)
 
     def readinto(self, offset: int, dest) -> int:
         view = self._current()

@@ -401,11 +401,13 @@ class Vfs:
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.tables.handle(fh)
         if isinstance(handle, NodeReader):
+            ticket = handle.ticket()           # the order requests came in (NodeReader)
             # bytes already in the page cache (a file just written, read back): read
             # them right here, without the hop to a thread and back
-            data = handle.read_now(off, size)
+            data = handle.read_now(off, size, ticket)
             if data is not None:
                 return data
+            return await self.run(handle.read, off, size, ticket)
         return await self.run(handle.read, off, size)
 
     async def write(self, fh: int, off: int, buf) -> int:
