@@ -167,7 +167,6 @@ def test_taken_ports_are_skipped(tmp_path, monkeypatch):
             assert not taken                    # both daemons were given a taken port
             assert server.mon_port != holders[0].getsockname()[1]
             assert server.rgw_port != holders[1].getsockname()[1]
-            assert "unable to bind" in (tmp_path / "log" / "mon.a.out").read_text()
             s3 = server.client()
             s3.create_bucket(Bucket="after-collisions")
             s3.put_object(Bucket="after-collisions", Key="k", Body=b"ok")
