@@ -20,6 +20,7 @@ _MISSING = rgw_available()
 
 pytestmark = [
     pytest.mark.s3,
+    pytest.mark.slow,          # clusters started and stopped: not in make check
     pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
 ]
 

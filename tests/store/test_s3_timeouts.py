@@ -114,6 +114,7 @@ def test_default_bound_is_about_a_minute():
     assert o.read_timeout >= 15                # room for a pack's tail to drain (docstring)
 
 
+@pytest.mark.slow            # it waits out the default bound, about 45 s: not in make check
 @pytest.mark.timeout(240)
 def test_dead_endpoint_fails_within_the_bound_with_defaults(s3_endpoint, silent_server,
                                                             refused_url):
