@@ -839,7 +839,9 @@ def test_a_fresh_nodes_cold_open_returns_at_once_and_its_bytes_are_pushed(site,
             >= len(payload) - 2 * PAGE)
         assert await fresh.read(opened, len(payload) + 10) == payload
         assert fresh.from_pages >= len(payload) - 2 * MiB   # found in the pushed pages
-        assert fresh.vfs.fs.decoded.path_of(m.id)
+        # the copy becomes the decoded cache's once its whole-file hash is checked,
+        # which may be just after the last batch (and so the last read) landed
+        await trio.to_thread.run_sync(_until, lambda: fresh.vfs.fs.decoded.path_of(m.id))
         await fresh.vfs.release(opened.fh)
         again, _ = await fresh.open("cold.pt", os.O_RDONLY)
         assert bool(again.backing_id) == passthrough
