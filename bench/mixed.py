@@ -7,7 +7,8 @@ mixed-precision model computes with. Layouts, each one torch file:
 * ``copy + masters + AdamW``: Megatron's legacy layout — ``{"model": copy,
   "optimizer": {"state": AdamW, "fp32_from_fp16_params": masters}}``;
 * ``masters + AdamW``: the same without the copy (what the pair should cost);
-* ``masters first``: the masters saved before the copy (not paired: stored as before).
+* ``masters first``: the optimizer (masters and AdamW) saved before the copy: each copy
+  is coded on its master.
 
 Per layout: s4fs stored MiB with pairs on and off, through the mount's coding path
 (worker processes fed from a spool; no FUSE) and the API's (threads); ZipNN 0.5 per

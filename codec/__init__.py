@@ -18,6 +18,7 @@ from ._core import BlobInfo, CpuProfile, as_bytes, checksum, compress, decompres
 from ._dtypes import DType, dtype_names, lookup
 from ._planes import plane_roles
 from ._pair import HALF as PAIR_COPIES
+from ._pair import nearest as pair_rounding
 from ._pair import rounds_to as pair_share
 from ._container import unpack as read_header
 from ._device import (AUTO_GPU_BELOW_CORES, DEVICES, gpu_available, has_gpu_planes,
@@ -42,7 +43,7 @@ __all__ = [
     "compress", "decompress", "inspect", "BlobInfo", "CpuProfile", "DType", "dtype_names",
     "lookup", "checksum", "xor", "as_bytes", "gpu_available", "stop_gpu_thread",
     "DEVICES", "AUTO_GPU_BELOW_CORES", "resolve_device", "on_gpu_thread", "has_gpu_planes",
-    "read_header", "plane_roles", "pair_share", "PAIR_COPIES",
+    "read_header", "plane_roles", "pair_share", "pair_rounding", "PAIR_COPIES",
     "CodecError", "FormatError", "ChecksumError", "BaseMismatchError",
     "UnsupportedVersionError", "CodecUnavailableError",
 ]

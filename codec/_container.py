@@ -16,6 +16,11 @@ Layout (little endian)::
                           low-precision copy of them (half as many bytes); the payload is
                           the residual of each word given the copy (s4fs.codec._pair),
                   bit 4 = with bit 3: the copy is fp16 (else bf16)
+                  bit 5 = on its master (with bit 0, not bit 3): the chunk is bf16 or
+                          fp16 words (its dtype) and the base their fp32 master (twice
+                          as many bytes); the payload is each word's difference from
+                          the master rounded to nearest (s4fs.codec._pair), 16-bit
+                          words, wrapping
     8   1  layout (s4fs.codec._planes)
     9   1  number of planes
     10  8  xxh3-64 of the original bytes
@@ -45,14 +50,17 @@ from s4fs.errors import FormatError, UnsupportedVersionError
 
 MAGIC = b"S4CK"
 MAJOR = 1
-MINOR = 4               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
-                        # 2: zero blocks; 3: difference deltas; 4: pairs
+MINOR = 5               # 1: layouts FLOAT_SM / SIGN_BYTES and the deflate plane codec;
+                        # 2: zero blocks; 3: difference deltas; 4: pairs;
+                        # 5: copies coded on their masters
 FLAG_DELTA = 1
 FLAG_ZERO_BLOCKS = 2
 FLAG_DIFF = 4
 FLAG_PAIR = 8
 FLAG_PAIR_FP16 = 16
-KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS | FLAG_DIFF | FLAG_PAIR | FLAG_PAIR_FP16
+FLAG_ON_MASTER = 32
+KNOWN_FLAGS = FLAG_DELTA | FLAG_ZERO_BLOCKS | FLAG_DIFF | FLAG_PAIR | FLAG_PAIR_FP16 | \
+    FLAG_ON_MASTER
 MIN_BLOCK_LOG2, MAX_BLOCK_LOG2 = 12, 30
 
 _FIXED = struct.Struct("<4sBBBBBBQ")
@@ -96,6 +104,12 @@ class Header:
         if not self.flags & FLAG_PAIR:
             return None
         return "float16" if self.flags & FLAG_PAIR_FP16 else "bfloat16"
+
+    @property
+    def on_master(self) -> bool:
+        """A low-precision copy coded on its fp32 master (``FLAG_ON_MASTER``): the base
+        is twice as long, and the blob's own dtype names the copy's precision."""
+        return bool(self.flags & FLAG_ON_MASTER)
 
     @property
     def coded_len(self) -> int:
@@ -297,10 +311,14 @@ def header_size(flags: int, raw_len: int, planes: list[tuple[int, int]]) -> int:
 
 def _bad_pair(flags: int) -> bool:
     """Pair flags set in a way no writer sets them: the fp16 bit without the pair bit,
-    a pair that is not a delta, or one that is also a difference delta."""
+    both directions at once, a pair that is not a delta, or one that is also a
+    difference delta."""
     if flags & FLAG_PAIR_FP16 and not flags & FLAG_PAIR:
         return True
-    return bool(flags & FLAG_PAIR) and (not flags & FLAG_DELTA or bool(flags & FLAG_DIFF))
+    if flags & FLAG_ON_MASTER and flags & FLAG_PAIR:
+        return True
+    return bool(flags & (FLAG_PAIR | FLAG_ON_MASTER)) and \
+        (not flags & FLAG_DELTA or bool(flags & FLAG_DIFF))
 
 
 # long on purpose: the one reader of a header, field by field in the order of the
@@ -576,7 +594,8 @@ def unpack_many(buf, starts, totals, avail=None):
     checksum = u64le(s + 10)
     delta = (flags & FLAG_DELTA) != 0
     bad |= ((flags & FLAG_DIFF) != 0) & ~delta
-    bad |= (flags & (FLAG_PAIR | FLAG_PAIR_FP16)) != 0    # pairs: read one by one
+    # pairs: read one by one
+    bad |= (flags & (FLAG_PAIR | FLAG_PAIR_FP16 | FLAG_ON_MASTER)) != 0
     base = np.where(delta, u64le(s + 18), np.uint64(0))
     pos = s + 18 + 8 * delta
     def varint(pos, width=5):

@@ -38,6 +38,10 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     ``base_dtype`` ("bfloat16" or "float16") copy of them, half as long — typically the
     master weights and the copy a mixed-precision model computes with; the blob stores
     each word's residual given the copy (s4fs.codec._pair; coded on the CPU).
+    ``transform="on_master"``: the other way round, ``data`` is the bf16 or fp16 copy
+    (``dtype``) and ``base`` its fp32 master, twice as long; the blob stores each word's
+    difference from the master rounded to nearest (zero where the copy is that rounding;
+    coded on the CPU).
     ``device`` is ``"auto"`` (GPU when CUDA and nvCOMP are available), ``"cpu"`` or
     ``"cuda"``.
     ``checksum`` / ``base_checksum``: :func:`checksum` of ``data`` / ``base`` where the
@@ -46,8 +50,16 @@ def compress(data, dtype="bytes", *, base=None, device: str = "auto",
     restores, and the base it is given, against them and raises.
     """
     dt = lookup(dtype)
-    if transform not in ("xor", "diff", "pair"):
-        raise ValueError(f"transform is 'xor', 'diff' or 'pair', not {transform!r}")
+    if transform not in ("xor", "diff", "pair", "on_master"):
+        raise ValueError(f"transform is 'xor', 'diff', 'pair' or 'on_master', not "
+                         f"{transform!r}")
+    if transform == "on_master":
+        if base is None or dt.name not in _pair.HALF:
+            raise ValueError("a copy coded on its master is bfloat16 or float16 data on a "
+                             "base that is its float32 master: pass base=...")
+        return compress_cpu(as_bytes(data), dt, base=base, profile=profile or DEFAULT_CPU,
+                            data_sum=checksum, base_sum=base_checksum,
+                            transform="on_master")
     if transform == "pair":
         if base is None or dt.name != "float32" or base_dtype not in _pair.HALF:
             raise ValueError("a pair codes float32 data on a base that is its bfloat16 or "
@@ -90,7 +102,8 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
     base_view = None
     if head.delta:
         base_view = as_bytes(base)
-        want = head.raw_len // 2 if head.pair else head.raw_len
+        want = head.raw_len // 2 if head.pair else \
+            head.raw_len * 2 if head.on_master else head.raw_len
         if len(base_view) != want or checksum(base_view) != head.base_checksum:
             raise BaseMismatchError(
                 "this delta blob was written against a different base (its length or "
@@ -108,8 +121,12 @@ def decompress(blob, *, base=None, device: str = "auto") -> bytes:
     if head.pair and (dt.name != "float32" or head.raw_len % 4):
         raise FormatError("blob pairs words that are not float32 with a copy; the blob "
                           "is corrupt")
+    if head.on_master and (dt.name not in _pair.HALF or head.raw_len % 2):
+        raise FormatError("blob codes words that are not bfloat16 or float16 on a master; "
+                          "the blob is corrupt")
     if base_view is not None:
         out = (_pair.restore(out, base_view, head.pair) if head.pair else
+               _pair.copy_restore(out, base_view, dt.name) if head.on_master else
                undiff(out, base_view, dt.itemsize) if head.diff
                else xor(out, base_view)).tobytes()
     if checksum(out) != head.checksum:

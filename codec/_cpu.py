@@ -119,7 +119,8 @@ def encode_planes_cpu(planes, kinds, profile: CpuProfile = DEFAULT_CPU,
 
 def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | None,
                raw: memoryview, planes: list[tuple[int, int, int, bytes]],
-               diff: bool = False, pair: str | None = None) -> bytes:
+               diff: bool = False, pair: str | None = None,
+               on_master: bool = False) -> bytes:
     """Pack coded planes, falling back to one raw plane when that is not larger.
 
     ``raw`` is what the planes were split from (the XOR when delta, or with ``diff`` the
@@ -131,6 +132,8 @@ def pack_chunk(dt: DType, layout: int, data_checksum: int, base_checksum: int | 
         flags |= C.FLAG_DIFF
     if pair is not None:
         flags |= C.FLAG_PAIR | (C.FLAG_PAIR_FP16 if pair == "float16" else 0)
+    if on_master:
+        flags |= C.FLAG_ON_MASTER
     n = len(raw)
     planar = C.header_size(flags, n, [(r, len(p)) for _, _, r, p in planes]) + \
         sum(len(p) for *_, p in planes)
@@ -151,9 +154,12 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
     if data_sum is None:
         data_sum = checksum(raw)
     src = raw
-    if base is not None and transform == "pair":
+    if base is not None and transform in ("pair", "on_master"):
         b = as_bytes(base)
-        src = memoryview(_pair.residual(raw, b, base_dtype))
+        if transform == "on_master":
+            src = memoryview(_pair.copy_residual(raw, b, dt.name))
+        else:
+            src = memoryview(_pair.residual(raw, b, base_dtype))
         if base_sum is None:
             base_sum = checksum(b)
         # the residual's bytes are grouped: its high bytes are zero where the copy is
@@ -161,7 +167,9 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
         layout = _planes.BYTES if profile.layout is None else profile.layout
         planes = _planes.split(src, dt, layout)
         coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
-        return pack_chunk(dt, layout, data_sum, base_sum, src, coded, pair=base_dtype)
+        return pack_chunk(dt, layout, data_sum, base_sum, src, coded,
+                          pair=base_dtype if transform == "pair" else None,
+                          on_master=transform == "on_master")
     if base is not None:
         b = as_bytes(base)
         if len(b) != len(raw):

@@ -19,6 +19,16 @@ words for any copy and any master: a copy that is not the rounding (stochastic r
 a step taken between copy and save, NaN) costs bytes, never correctness.
 
 ``residual`` and ``restore`` are exact inverses for every input of matching lengths.
+
+The other direction, for a copy saved *after* its master: the copy's words are coded on
+the master's (``copy_residual`` / ``copy_restore``)::
+
+    d = bits(c) - nearest(m)            (16-bit words, wrapping)
+
+``nearest(m)`` is the master rounded to the copy's precision, to nearest even (bf16:
+torch's rule, NaN to 0x7FC0; fp16: IEEE's, a NaN to the quiet NaN of its sign). Where
+the copy is that rounding, every ``d`` is zero and the copy costs next to nothing; any
+other copy is a bijection too, so it costs bytes, never correctness.
 """
 
 from __future__ import annotations
@@ -94,3 +104,41 @@ def rounds_to(master, copy, kind: str, sample: int = 4096) -> float:
     idx = np.linspace(0, len(m) - 1, num=min(sample, len(m)), dtype=np.int64)
     r = m[idx] - widen(c[idx], kind) + HALF[kind]
     return float(np.mean(r <= 2 * HALF[kind]))
+
+
+def nearest(master: np.ndarray, kind: str) -> np.ndarray:
+    """The uint16 words of fp32 words ``master`` (uint32) rounded to ``kind``, to nearest
+    even: what ``copy_`` into a bf16 or fp16 tensor gives, NaNs made one fixed quiet NaN
+    (the rule is the format's: written out, so every machine predicts the same words)."""
+    nan = (master & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if kind == "bfloat16":
+        bias = ((master >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+        out = ((master + bias) >> np.uint32(16)).astype(np.uint16)
+        out[nan] = 0x7FC0
+        return out
+    if kind == "float16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = master.view(np.float32).astype(np.float16).view(np.uint16)
+        out = out.copy()
+        out[nan] = ((master[nan] >> np.uint32(16)) & np.uint32(0x8000)).astype(np.uint16) \
+            | np.uint16(0x7E00)
+        return out
+    raise CodecError(f"a pair's copy is bfloat16 or float16, not {kind!r}")
+
+
+def _copy_words(copy, master, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    m, c = _words(master, copy, kind)
+    return c, m
+
+
+def copy_residual(copy, master, kind: str) -> np.ndarray:
+    """The residual bytes (as long as ``copy``) of ``kind`` words given their fp32
+    master: zero wherever the copy is the master rounded to nearest."""
+    c, m = _copy_words(copy, master, kind)
+    return (c - nearest(m, kind)).astype("<u2", copy=False).view(np.uint8)
+
+
+def copy_restore(res, master, kind: str) -> np.ndarray:
+    """The copy :func:`copy_residual` was given, from its residual and the master."""
+    r, m = _copy_words(res, master, kind)
+    return (r + nearest(m, kind)).astype("<u2", copy=False).view(np.uint8)

@@ -326,7 +326,8 @@ def cmd_stat(args) -> int:
             pct = 100 * t["stored"] / t["logical"] if t["logical"] else 0
             print(f"  {t['name'][:60]:<60} {t['dtype']:<14} {t['logical']:>12} "
                   f"{t['stored']:>12} {pct:>6.1f}"
-                  + (f"  coded on its copy {t['paired_on']}" if t.get("paired_on") else ""))
+                  + (f"  coded on its {'copy' if t['dtype'] == 'float32' else 'master'} "
+                     f"{t['paired_on']}" if t.get("paired_on") else ""))
     return 0
 
 

@@ -107,8 +107,9 @@ class ChunkRef:
 
     @property
     def paired(self) -> bool:
-        """Coded on a low-precision copy of its fp32 words (a *pair*, s4fs.codec._pair):
-        its base is the copy, half as long — not an earlier version of itself."""
+        """Coded on its *pair* (s4fs.codec._pair): fp32 words on their low-precision
+        copy, half as long, or the copy on its fp32 master, twice as long — not on an
+        earlier version of itself."""
         return self.base is not None and self.base.raw != self.raw
 
 
@@ -470,8 +471,10 @@ def _check_ref(c, npacks: int, what: str, blobs: dict) -> int:
         depth = _int(c.get("d"), f"{what} delta depth", 1)
         base = _is(c["b"], dict, f"{what} base")
         base_raw = _check_ref(base, npacks, f"{what} base", blobs)
-        # a delta's base is as long as it; a pair's (fp32 on its bf16/fp16 copy) half
-        if base_raw != raw and (base_raw * 2 != raw or raw % 4):
+        # a delta's base is as long as it; a pair's half (fp32 on its bf16/fp16 copy)
+        # or twice (the copy on its fp32 master)
+        if base_raw != raw and (base_raw * 2 != raw or raw % 4) and \
+                (raw * 2 != base_raw or raw % 2):
             raise _Bad(f"{what} has a delta base of another length")
         if base.get("d", 0) != depth - 1:
             raise _Bad(f"{what} has depth {depth} over a base of depth {base.get('d', 0)}")

@@ -31,7 +31,8 @@ def file_report(fs, rel: str) -> dict:
     """Sizes, ratio, delta base and chain, per tensor, of one committed file."""
     m = fs.manifest(rel, fresh=True)
     own = set(m.own_packs)
-    # the low-precision copy each fp32 tensor is coded on (s4fs.write.pairs), by chunk
+    # the tensor each pair's tensor is coded on (s4fs.write.pairs: an fp32 master on its
+    # low-precision copy, or the copy on its master), by chunk
     copy_of = {c.key(): s.name for s in m.streams for c in s.chunks}
     tensors = []
     for s in m.streams:
@@ -63,8 +64,8 @@ def file_report(fs, rel: str) -> dict:
 
 
 def _root_copy(c):
-    """The copy a pair's chunk is coded on: its base (itself maybe a delta now, whose
-    key the copy's stream still holds)."""
+    """The tensor a pair's chunk is coded on: its base (itself maybe a delta now, whose
+    key that tensor's stream still holds)."""
     return c.base
 
 

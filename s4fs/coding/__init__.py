@@ -36,7 +36,8 @@ from s4fs.coding._jobs import (ChunkBatch, DecodeJob, Item, ItemResult, Job, Job
 from s4fs.coding._pool import CodingPool
 from s4fs.coding._pools import Pools
 from s4fs.coding._rule import (DELTA, FULL, PAIR, PAIR_SHARE, SAME, chunk_result,
-                               code_again, code_chunk, code_pair, delta_candidate, delta_is_tiny, delta_prep, keep_delta)
+                               code_again, code_chunk, code_pair, delta_candidate,
+                               delta_is_tiny, delta_prep, keep_delta, pair_step)
 from s4fs.coding._spool import SpoolCoding
 from s4fs.coding._threads import GpuBatches, ThreadPool, lower_priority
 from s4fs.coding._worker import Copy, mapped_copy
@@ -47,7 +48,7 @@ __all__ = [
     "IngestConfig", "Item", "ItemResult", "Job", "JobResult", "PAIR", "PAIR_SHARE", "Placement", "Pools",
     "SAME",
     "SpoolCoding", "ThreadPool", "WorkerDied", "base_bytes", "base_chunk",
-    "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk", "code_pair",
+    "base_from_file", "base_streams", "chunk_result", "code_again", "code_chunk", "code_pair", "pair_step",
     "code_items",
     "code_on_device", "collecting_notes", "decode_into",
     "delta_candidate", "delta_is_tiny", "delta_prep", "died", "keep_delta",

@@ -27,8 +27,9 @@ class Item:
     checksum: int                          # what the daemon hashed; the worker checks it
     base: ChunkRef | None = None
     base_range: tuple[int, int] | None = None   # where the base lies in base_file
-    # an fp32 chunk's low-precision copy, earlier in the same spool: (copy dtype, its
-    # ranges in the spool, its ChunkRef); coded on it where that pays (s4fs.write.pairs)
+    # the chunk's pair earlier in the same spool (an fp32 chunk's low-precision copy, or
+    # a copy's fp32 master): (its dtype, its ranges in the spool, its ChunkRef); coded
+    # on it where that pays (s4fs.write.pairs)
     pair: tuple | None = None
 
 
@@ -76,7 +77,8 @@ class ChunkBatch:
     """Chunks in memory to code in this process (the API's sessions, ``--workers 0``):
     each item ``(data, dtype, base ref | None, where)``, ``where`` the base's (offset,
     length) in the base version's decoded copy, if known, and optionally a fifth,
-    ``pair``: ``(copy dtype, copy ref, copy bytes fn)`` (``s4fs.coding.code_pair``). Its result is, per item,
+    ``pair``: ``(its pair's dtype, ref, bytes fn)`` (``s4fs.coding.code_pair``). Its
+    result is, per item,
     ``(blob | None, base ref | None, checksum, raw length)``: what
     ``s4fs.write.PackWriter.place`` takes."""
     items: tuple

@@ -21,7 +21,8 @@ from s4fs.coding._config import IngestConfig
 from s4fs.manifest import ChunkRef
 
 FULL, DELTA, SAME = 0, 1, 2        # how a chunk is stored: coded whole, as a delta, reused
-PAIR = 3                           # coded on its low-precision copy (s4fs.codec._pair)
+PAIR = 3                           # coded on its pair: a master on its copy, or the
+                                   # copy on its master (s4fs.codec._pair)
 
 #: a sample's share of words within half a step of the copy for a chunk to be coded on it
 #: (an exact rounding: all; stochastic rounding: about half; an unrelated tensor: ~none)
@@ -31,23 +32,42 @@ PAIR_SHARE = 0.25
 PAIR_SURE = 0.7
 
 
-def code_pair(data, checksum: int, pair, cfg: IngestConfig) -> bytes | None:
-    """An fp32 chunk coded on its low-precision copy — ``pair`` is ``(copy dtype, copy
-    ref, copy bytes fn)`` — when the copy is about the chunk rounded (a sample says) and
-    the pair codes smaller than ``cfg.delta_min_gain`` of the chunk's raw size; None:
-    code it by the usual rule. On the CPU (its blobs decode anywhere)."""
-    kind, ref, copy_bytes = pair
-    copy = readable_base(copy_bytes, f"pack {ref.pack}")
-    if copy is None or len(copy) * 2 != len(data) or ref.checksum != codec.checksum(copy):
+def pair_step(chunk_size: int, dtype: str, pair) -> int:
+    """The bytes of each chunk of a tensor of ``dtype`` coded on ``pair`` (or on
+    nothing): each chunk holds the elements of exactly one chunk of its pair — a master
+    on its copy twice the copy's chunk, a copy on its master half the master's."""
+    if pair is None:
+        return chunk_size
+    return 2 * chunk_size if dtype == "float32" else chunk_size // 2
+
+
+def code_pair(data, dtype: str, checksum: int, pair, cfg: IngestConfig) -> bytes | None:
+    """A chunk coded on its pair — ``pair`` is ``(the other's dtype, its ref, its bytes
+    fn)``: an fp32 master on its low-precision copy saved before it, or a bf16/fp16 copy
+    on its fp32 master saved before it (``dtype`` says which) — when a sample says the
+    copy is about the master rounded and the pair codes smaller than
+    ``cfg.delta_min_gain`` of the chunk's raw size; None: code it by the usual rule. On
+    the CPU (its blobs decode anywhere)."""
+    kind, ref, other_bytes = pair
+    other = readable_base(other_bytes, f"pack {ref.pack}")
+    if other is None or ref.checksum != codec.checksum(other):
         return None
-    if codec.pair_share(data, copy, kind) < PAIR_SHARE:
-        return None
-    blob = codec.compress(data, "float32", base=copy, device="cpu", checksum=checksum,
-                          base_checksum=ref.checksum, transform="pair", base_dtype=kind)
+    if dtype == "float32":                  # the master, on its copy
+        if len(other) * 2 != len(data) or codec.pair_share(data, other, kind) < PAIR_SHARE:
+            return None
+        blob = codec.compress(data, dtype, base=other, device="cpu", checksum=checksum,
+                              base_checksum=ref.checksum, transform="pair", base_dtype=kind)
+    else:                                   # the copy, on its master
+        if kind != "float32" or dtype not in codec.PAIR_COPIES or \
+                len(data) * 2 != len(other) or \
+                codec.pair_share(other, data, dtype) < PAIR_SHARE:
+            return None
+        blob = codec.compress(data, dtype, base=other, device="cpu", checksum=checksum,
+                              base_checksum=ref.checksum, transform="on_master")
     if len(blob) > cfg.delta_min_gain * len(data):
         return None
     if len(blob) > PAIR_SURE * len(data) and \
-            len(codec.compress(data, "float32", device="cpu", checksum=checksum)) <= len(blob):
+            len(codec.compress(data, dtype, device="cpu", checksum=checksum)) <= len(blob):
         return None          # not a rounding after all: never larger than coded alone
     return blob
 
@@ -64,7 +84,7 @@ def code_chunk(data, dtype: str, checksum: int, base: ChunkRef | None, base_byte
     once; the other way is coded too only where the real size contradicts the guess."""
     device = cfg.device if device is None else device
     if pair is not None:
-        blob = code_pair(data, checksum, pair, cfg)
+        blob = code_pair(data, dtype, checksum, pair, cfg)
         if blob is not None:
             return blob, PAIR
 

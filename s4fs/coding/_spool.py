@@ -17,7 +17,7 @@ from s4fs.coding._bases import BaseFile, base_chunk, note_unreadable_base, saw_p
 from s4fs.coding._config import IngestConfig, placement
 from s4fs.coding._jobs import Item, Job
 from s4fs.coding._pools import Pools
-from s4fs.coding._rule import DELTA, PAIR, SAME
+from s4fs.coding._rule import DELTA, PAIR, SAME, pair_step
 from s4fs.coding._worker import read_ranges
 from s4fs.manifest import ChunkRef, Stream
 
@@ -88,11 +88,11 @@ class SpoolCoding:
         self._tensor = _Chunk()
         self._tensor_stream: Stream | None = None
         self._tensor_base: Stream | None = None
-        self._tensor_pair: Stream | None = None  # the copy the current tensor is coded on
+        self._tensor_pair: Stream | None = None  # the tensor the current one is coded on
         self._tensor_idx = 0                # chunks emitted for the current tensor
-        # the spool ranges of each chunk of the low-precision tensors (a later fp32
-        # tensor may be their master: s4fs.write.pairs), by id of their stream
-        self._copy_ranges: dict[int, list] = {}
+        # the spool ranges of each chunk of the bf16, fp16 and fp32 tensors (a later
+        # tensor may be their pair: s4fs.write.pairs), by id of their stream
+        self._kept_ranges: dict[int, list] = {}
 
     # --- pieces in -------------------------------------------------------------------
 
@@ -102,17 +102,16 @@ class SpoolCoding:
     def tensor_piece(self, offset: int, piece, stream: Stream, base: Stream | None,
                      pair: Stream | None = None) -> None:
         """``piece`` of tensor ``stream`` (coded against ``base``, a stream of the base
-        version, if any; or on ``pair``, the low-precision copy of this fp32 tensor
-        earlier in the file) lies at ``offset`` of the spool."""
+        version, if any; or on ``pair``, the master or the low-precision copy of this
+        tensor earlier in the file) lies at ``offset`` of the spool."""
         self._tensor_stream, self._tensor_base, self._tensor_pair = stream, base, pair
-        # a master's chunks hold the elements of its copy's: twice the bytes
-        step = 2 * self.cfg.chunk_size if pair is not None else self.cfg.chunk_size
+        step = pair_step(self.cfg.chunk_size, stream.dtype, pair)
         self._cut(offset, piece, "_tensor", self._emit_tensor, step)
 
-    def copy_head(self, stream: Stream, n: int) -> bytes | None:
-        """The first ``n`` bytes of low-precision tensor ``stream`` (from the spool)."""
+    def head(self, stream: Stream, n: int) -> bytes | None:
+        """The first ``n`` bytes of earlier tensor ``stream`` (from the spool)."""
         ranges, got = [], 0
-        for chunk in self._copy_ranges.get(id(stream), []):
+        for chunk in self._kept_ranges.get(id(stream), []):
             for o, m in chunk:
                 take = min(m, n - got)
                 if take > 0:
@@ -154,8 +153,8 @@ class SpoolCoding:
             base = base_chunk(self._tensor_base, self._tensor_idx)
             where = (self._bases.range_of(self._tensor_base, self._tensor_idx)
                      if base is not None else None)
-            if stream.dtype in PAIR_COPIES:
-                self._copy_ranges.setdefault(id(stream), []).append(
+            if stream.dtype in PAIR_COPIES or stream.dtype == "float32":
+                self._kept_ranges.setdefault(id(stream), []).append(
                     tuple(self._tensor.ranges))
             self._emit(stream, self._tensor, stream.dtype, base, where)
         self._tensor_idx += 1
@@ -164,22 +163,22 @@ class SpoolCoding:
     # --- batches ---------------------------------------------------------------------
 
     def _pair_of(self, idx: int) -> tuple | None:
-        """(copy dtype, spool ranges, ChunkRef) of chunk ``idx`` of the current tensor's
-        copy — its reference known once its batch is back, so waited for here (the copy
+        """(dtype, spool ranges, ChunkRef) of chunk ``idx`` of the tensor the current one
+        is coded on — its reference known once its batch is back, so waited for here (it
         came earlier in the file: its batches are among the first in flight)."""
-        copy = self._tensor_pair
-        ranges = self._copy_ranges.get(id(copy), [])
+        other = self._tensor_pair
+        ranges = self._kept_ranges.get(id(other), [])
         if idx >= len(ranges):
             return None
-        while len(copy.chunks) <= idx and self._pending:
+        while len(other.chunks) <= idx and self._pending:
             self._drain_one()
-        if len(copy.chunks) <= idx:
+        if len(other.chunks) <= idx:
             return None
-        return copy.dtype, ranges[idx], copy.chunks[idx]
+        return other.dtype, ranges[idx], other.chunks[idx]
 
     def _emit(self, stream: Stream, chunk: _Chunk, dtype: str, base, where,
               pair: tuple | None = None) -> None:
-        """``pair``: the chunk's copy (``_pair_of``); ``base`` is then the copy's ref."""
+        """``pair``: the chunk's pair (``_pair_of``); ``base`` is then the pair's ref."""
         sum_ = chunk.hasher.intdigest()
         lane = int(base is not None and base.key() in self._lanes)
         b = self._batches[lane]

@@ -26,8 +26,8 @@ import xxhash
 from s4fs import keys, metrics
 from s4fs.codec import PAIR_COPIES
 from s4fs.coding import (BaseFile, ChunkBatch, GpuBatches, IngestConfig, Pools,
-                         SpoolCoding, ThreadPool, base_chunk, base_streams, placement,
-                         saw_pack)
+                         SpoolCoding, ThreadPool, base_chunk, base_streams, pair_step,
+                         placement, saw_pack)
 from s4fs.errors import CodecError
 from s4fs.manifest import ChunkRef, Manifest, ManifestBuilder, Stream
 from s4fs.stores import Store
@@ -43,6 +43,9 @@ UPLOAD_THREADS = 16     # packs put in the store at once, over every session of 
 #: (at most a quarter of a pack), while the pack fills: at its end only the last piece
 #: is left to write
 WRITE_AHEAD = 8 << 20
+#: in-process coding keeps at most this many bytes of fp32 chunks in memory for a copy
+#: saved after its master to be coded on (s4fs.write.pairs)
+KEEP_MASTERS = 1 << 30
 
 
 class _Open:
@@ -267,9 +270,13 @@ class IngestSession:
             self._threads = ThreadPool(cfg, source, self._bases.path, pools=pools)
             if self._threads.gpu:
                 self._gpu = GpuBatches(self._threads)
-        # fp32 tensors coded on their low-precision copies (pairs are coded on the CPU)
-        self._pairs = Pairs(self._copy_head) if cfg.pairs and not where.gpu else None
-        self._copy_chunks: dict[int, list] = {}   # in-process: each copy's chunk bytes
+        # a master and its low-precision copy: the later coded on the earlier (pairs are
+        # coded on the CPU)
+        self._pairs = Pairs(self._head) if cfg.pairs and not where.gpu else None
+        # in-process: the chunk bytes of each tensor a later one may be coded on (fp32
+        # ones within KEEP_MASTERS bytes)
+        self._kept_chunks: dict[int, list] = {}
+        self._kept_masters = 0
 
     # --- input -------------------------------------------------------------------------
 
@@ -319,9 +326,9 @@ class IngestSession:
             self._tensor_sidx = self._m.add(self._tensor)
             self._tensor_seg = seg.index
             self._tensor_len = 0
-            self._tensor_pair = self._pairs.match(seg.dtype, seg.length, piece) \
+            self._tensor_pair = self._pairs.begin(self._tensor, seg.length, piece) \
                 if self._pairs is not None else None
-            # a master is coded on its copy, not on its previous version
+            # a pair is coded on its pair, not on its previous version
             self._tensor_base = self._match_base(seg) if self._tensor_pair is None else None
         self._m.place(self.size, len(piece), self._tensor_sidx, self._tensor_len)
         self._tensor_len += len(piece)
@@ -329,8 +336,7 @@ class IngestSession:
             self._proc.tensor_piece(self.size, piece, self._tensor, self._tensor_base,
                                     self._tensor_pair)
             return
-        # a master's chunks hold the elements of its copy's: twice the bytes
-        step = self.cfg.chunk_size * (2 if self._tensor_pair is not None else 1)
+        step = pair_step(self.cfg.chunk_size, self._tensor.dtype, self._tensor_pair)
         mv = memoryview(piece)
         while len(mv):
             if self._stable and not self._tensor_buf and len(mv) >= step:
@@ -359,8 +365,8 @@ class IngestSession:
             if pair is not None:
                 self._emit(self._tensor, chunk, self._tensor.dtype, None, None, pair)
                 return
-        elif self._pairs is not None and self._tensor.dtype in PAIR_COPIES:
-            self._copy_chunks.setdefault(id(self._tensor), []).append(chunk)
+        elif self._pairs is not None and self._keeps(len(chunk)):
+            self._kept_chunks.setdefault(id(self._tensor), []).append(chunk)
         base = base_chunk(self._tensor_base, idx)
         where = None
         if base is not None:            # where its bytes lie in the base's local copy
@@ -370,37 +376,50 @@ class IngestSession:
     def _end_tensor(self) -> None:
         if self._tensor is not None:
             self._flush_tensor()
-            if self._pairs is not None and self._tensor_pair is None:
-                self._pairs.copy_done(self._tensor, self._tensor_len)
+            if self._pairs is not None:
+                self._pairs.end(self._tensor, self._tensor_len,
+                                paired=self._tensor_pair is not None)
             self._tensor = None
             self._tensor_pair = None
             self._tensor_seg = -1
 
     # --- pairs (s4fs.write.pairs) ------------------------------------------------------
 
-    def _copy_head(self, stream: Stream, n: int) -> bytes | None:
-        """The first ``n`` bytes of low-precision tensor ``stream``."""
+    def _head(self, stream: Stream, n: int) -> bytes | None:
+        """The first ``n`` bytes of earlier tensor ``stream``."""
         if self._proc is not None:
-            return self._proc.copy_head(stream, n)
-        chunks = self._copy_chunks.get(id(stream))
+            return self._proc.head(stream, n)
+        chunks = self._kept_chunks.get(id(stream))
         if not chunks:
             return None
         head = bytes(memoryview(chunks[0]).cast("B")[:n])
         return head if len(head) == n else None
 
+    def _keeps(self, n: int) -> bool:
+        """Whether the current tensor's next chunk (``n`` bytes) is kept for a later
+        tensor to be coded on: a copy's always (half a master's), an fp32 one's within
+        KEEP_MASTERS bytes in all (the worker processes read them back from the spool
+        instead, with no bound)."""
+        if self._tensor.dtype in PAIR_COPIES:
+            return True
+        if self._tensor.dtype != "float32" or self._kept_masters + n > KEEP_MASTERS:
+            return False
+        self._kept_masters += n
+        return True
+
     def _pair_of(self, idx: int) -> tuple | None:
-        """(copy dtype, copy ref, copy bytes fn) of chunk ``idx`` of the current tensor's
-        copy, its reference waited for (it was sent earlier); None past its end."""
-        copy = self._tensor_pair
-        chunks = self._copy_chunks.get(id(copy), [])
+        """(dtype, ref, bytes fn) of chunk ``idx`` of the tensor the current one is
+        coded on, its reference waited for (it was sent earlier); None past its end."""
+        other = self._tensor_pair
+        chunks = self._kept_chunks.get(id(other), [])
         if idx >= len(chunks):
             return None
-        while len(copy.chunks) <= idx and self._pending:
+        while len(other.chunks) <= idx and self._pending:
             self._drain_one()
-        if len(copy.chunks) <= idx:
+        if len(other.chunks) <= idx:
             return None
         data = chunks[idx]
-        return copy.dtype, copy.chunks[idx], lambda: data
+        return other.dtype, other.chunks[idx], lambda: data
 
     # --- delta bases -------------------------------------------------------------------
 

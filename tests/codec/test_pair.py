@@ -131,3 +131,79 @@ def test_the_pair_flags_are_refused_where_no_writer_sets_them():
     blob[7] = C.FLAG_PAIR                    # a pair without the delta flag
     with pytest.raises(FormatError, match="pair"):
         C.unpack(bytes(blob))
+
+
+# --- the other way round: a copy coded on its master ----------------------------------
+
+def on_master_round_trip(copy: bytes, master: bytes, kind: str) -> bytes:
+    blob = codec.compress(copy, kind, base=master, transform="on_master")
+    assert codec.decompress(blob, base=master, device="cpu") == copy
+    assert len(blob) <= len(copy) + 64
+    return blob
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_on_its_master_costs_next_to_nothing(kind):
+    rng = np.random.default_rng(2)
+    master = (rng.standard_normal(1 << 18) * 0.02).astype(np.float32)
+    copy = copy_of(master.view(np.uint32), kind)
+    assert len(on_master_round_trip(copy, master.tobytes(), kind)) < 256
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_prediction_is_torchs_rounding_on_every_special_word(kind):
+    """The master rounded as torch's ``copy_`` rounds it, NaNs aside (their payloads
+    are the machine's): so an exact copy of any master costs nothing."""
+    words = every_special()
+    want = np.frombuffer(copy_of(words, kind), dtype=np.uint16)
+    nan = np.isnan(words.view(np.float32))
+    got = _pair.nearest(words, kind)
+    assert np.array_equal(got[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_copies_on_masters_round_trip_whatever_they_hold(kind):
+    rng = np.random.default_rng(8)
+    words = every_special()
+    on_master_round_trip(copy_of(words, kind), words.tobytes(), kind)
+    junk = rng.integers(0, 1 << 16, len(words), dtype=np.uint16).tobytes()
+    on_master_round_trip(junk, words.tobytes(), kind)                  # an unrelated copy
+    on_master_round_trip(rng.bytes(2 * 777), rng.bytes(4 * 777), kind)  # random bytes
+    c, m = rng.bytes(2 * 4096), rng.bytes(4 * 4096)
+    assert _pair.copy_restore(_pair.copy_residual(c, m, kind), m, kind).tobytes() == c
+
+
+def test_a_copy_on_the_wrong_master_is_refused():
+    rng = np.random.default_rng(4)
+    master = (rng.standard_normal(4096) * 0.02).astype(np.float32)
+    copy = copy_of(master.view(np.uint32), "bfloat16")
+    blob = codec.compress(copy, "bfloat16", base=master.tobytes(), transform="on_master")
+    other = bytearray(master.tobytes())
+    other[8] ^= 1
+    with pytest.raises(BaseMismatchError):
+        codec.decompress(blob, base=bytes(other))
+    with pytest.raises(BaseMismatchError):
+        codec.decompress(blob, base=copy)           # the copy's own length: not a master
+    with pytest.raises(BaseMismatchError):
+        codec.decompress(blob)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        codec.compress(master.tobytes(), "float32", base=master.tobytes(),
+                       transform="on_master")
+    with pytest.raises(CodecError, match="half their bytes"):
+        codec.compress(copy, "bfloat16", base=copy, transform="on_master")
+
+
+def test_the_on_master_flag_is_refused_where_no_writer_sets_it():
+    from s4fs.codec import _container as C
+    blob = bytearray(codec.compress(b"\1" * 32, "bfloat16", base=b"\1" * 64,
+                                    transform="on_master"))
+    assert C.unpack(bytes(blob)).on_master
+    for flags in (C.FLAG_ON_MASTER, C.FLAG_ON_MASTER | C.FLAG_DELTA | C.FLAG_PAIR,
+                  C.FLAG_ON_MASTER | C.FLAG_DELTA | C.FLAG_DIFF):
+        blob[7] = flags
+        with pytest.raises(FormatError, match="pair"):
+            C.unpack(bytes(blob))
+    blob[7] = C.FLAG_ON_MASTER | C.FLAG_DELTA
+    blob[6] = codec.lookup("float32").code          # fp32 words on a master: corrupt
+    with pytest.raises((FormatError, ChecksumError, BaseMismatchError)):
+        codec.decompress(bytes(blob), base=b"\1" * 64)

@@ -1,5 +1,6 @@
 """Pairs within one file (s4fs.write.pairs): an fp32 master saved after its bf16 or fp16
-copy is stored on that copy, so the two cost about what the master costs alone.
+copy is stored on that copy, and a copy saved after its master on the master, so the two
+cost about what the master costs alone.
 
 What a user cares about: the bytes read back exact (on a node with nothing cached too),
 the stored bytes (the pair within 2 % of the master alone; never more than with pairs
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 import torch
 
@@ -125,25 +125,65 @@ def test_copies_that_are_no_rounding_never_cost_more(tmp_path):
             assert paired == 2 * len(master) and on < 0.95 * off   # pays: ~1 bit more
 
 
-def test_a_master_saved_before_its_copy_is_stored_as_before(tmp_path):
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_saved_after_its_master_costs_next_to_nothing(tmp_path, kind, processes):
+    """The masters first (``{"optimizer": ..., "model": ...}``): each copy is coded on
+    its master, the pair stored within 2 % of the masters alone, among AdamW states of
+    the very same shapes (which the copies must not be taken for)."""
     master = weights()
-    data = tbytes({"master": master, "model": {k: v.bfloat16() for k, v in master.items()}})
-    on, paired = stored(tmp_path, "on", data)
-    off, _ = stored(tmp_path, "off", data, pairs=False)
-    assert paired == 0 and on == off
+    optim = mixed(master, kind)["optimizer"]
+    copies = {k: v.to(KINDS[kind]) for k, v in master.items()}
+    data = tbytes({"optimizer": optim, "model": copies})
+    on, paired = stored(tmp_path, "on", data, processes=processes)
+    off, none = stored(tmp_path, "off", data, processes=processes, pairs=False)
+    alone, _ = stored(tmp_path, "alone", tbytes({"optimizer": optim}), processes=processes)
+    assert paired == 4 * len(master) and none == 0    # 4 half-size chunks a copy
+    assert on <= 1.02 * alone, (on, alone)
+    assert on < 0.9 * off
 
 
-def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path):
-    """Backward deltas re-express each previous checkpoint on the next (its copy's
-    chunks become deltas; its masters stay on them): every version reads back exact
-    after the newest is deleted, one renamed, one deleted, and the collector ran."""
+def test_copies_after_their_masters_that_are_no_rounding_never_cost_more(tmp_path):
+    master = weights()
+    g = torch.Generator().manual_seed(4)
+    words = torch.stack(list(master.values())).view(torch.int32)
+    down = (words >> 16).to(torch.int16)
+    coin = torch.rand(words.shape, generator=g) < 0.5
+    stochastic = torch.where(coin, down + 1, down).view(torch.bfloat16)
+    cases = {"stochastic": {k: stochastic[i].clone() for i, k in enumerate(master)},
+             "strangers": {k: (torch.randn(v.shape, generator=g) * 0.02).bfloat16()
+                           for k, v in master.items()},
+             "stepped": {k: (v - 3e-3 * torch.sign(v)).bfloat16() for k, v in master.items()}}
+    for name, copy in cases.items():
+        data = tbytes({"master": master, "model": copy})
+        on, paired = stored(tmp_path, f"{name}-on", data)
+        off, _ = stored(tmp_path, f"{name}-off", data, pairs=False)
+        assert on <= off, (name, on, off)
+        if name == "strangers":
+            assert paired == 0
+        if name == "stochastic":
+            assert paired and on < 0.95 * off
+
+
+def masters_first(master: dict, kind: str = "bfloat16") -> dict:
+    """The same state with the optimizer (and the masters) saved before the model."""
+    state = mixed(master, kind)
+    return {"optimizer": state["optimizer"], "model": state["model"]}
+
+
+@pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
+def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path, layout):
+    """Backward deltas re-express each previous checkpoint on the next (the chunks of
+    the tensor saved first become deltas; the second stays on them): every version reads
+    back exact after the newest is deleted, one renamed, one deleted, and the collector
+    ran."""
     root = tmp_path / "store"
     fs = make_fs(root, tmp_path / "cache")
     master, data, paths = weights(), [], []
     fs.mkdir("run")
     for step in range(4):
         master = {k: v - 1e-4 * torch.sign(v) for k, v in master.items()}
-        data.append(tbytes(mixed(master)))
+        data.append(tbytes(layout(master)))
         paths.append(f"run/ckpt_{step}.pt")
         put(fs, paths[-1], data[-1])
     assert fs.settle_deltas(120)
@@ -162,23 +202,26 @@ def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path):
     assert held < sum(map(len, data[:2]))
 
 
-def test_stat_says_what_a_tensor_is_coded_on(tmp_path):
+@pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
+def test_stat_says_what_a_tensor_is_coded_on(tmp_path, layout):
     from s4fs.report import file_report
     root = tmp_path / "store"
     fs = make_fs(root, tmp_path / "cache")
     try:
-        put(fs, "ckpt.pt", tbytes(mixed(weights(n=2))))
+        put(fs, "ckpt.pt", tbytes(layout(weights(n=2))))
         report = file_report(fs, "ckpt.pt")
     finally:
         fs.close()
     rows = [t for t in report["tensors"] if t.get("paired_on")]
     assert len(rows) == 2, report["tensors"]
-    assert all(r["paired_on"].startswith("model/") or "model" in r["paired_on"]
-               for r in rows), rows
+    # the one saved second names the one saved first: its copy, or its master
+    second, first = ("float32", "model") if layout is mixed else ("bfloat16", "optimizer")
+    assert all(r["dtype"] == second and first in r["paired_on"] for r in rows), rows
 
 
+@pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
 @pytest.mark.parametrize("to_host", [False, True])
-def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host):
+def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host, layout):
     """The GPU's batched decode (s4fs.load to CUDA, a --device cuda decode ahead) hands
     back a master chunk coded on its copy exactly as the CPU does (on the emulated GPU:
     the real pipeline on the CPU)."""
@@ -189,7 +232,7 @@ def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host):
     root = tmp_path / "store"
     fs = make_fs(root, tmp_path / "cache")
     try:
-        put(fs, "ckpt.pt", tbytes(mixed(weights(n=2))))
+        put(fs, "ckpt.pt", tbytes(layout(weights(n=2))))
         m = fs.manifest("ckpt.pt")
         refs = [c for s in m.streams for c in s.chunks]
         want = {c.key(): bytes(fs.source.get(c)) for c in refs}

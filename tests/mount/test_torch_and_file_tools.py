@@ -89,7 +89,8 @@ def test_stored_smaller_and_stat_cli(mounted):
 def test_a_mixed_precision_checkpoint_stores_its_masters_on_their_copies(mounted, tmp_path):
     """torch.save of a bf16 model with its fp32 masters and AdamW state, unchanged code:
     read back exact after a remount, stored within 2 % of the same file without the
-    copy, and ``s4fs stat`` names the copy each master is coded on (issue 57)."""
+    copy, and ``s4fs stat`` names the copy each master is coded on (issue 57); the
+    same with the optimizer saved first, each copy then coded on its master."""
     import json
     g = torch.Generator().manual_seed(3)
     master = {f"block{i}.weight": torch.randn(512, 1024, generator=g) * 0.02
@@ -99,14 +100,20 @@ def test_a_mixed_precision_checkpoint_stores_its_masters_on_their_copies(mounted
     sd = {"model": {k: v.bfloat16() for k, v in master.items()}, "optimizer": opt}
     dst = os.path.join(mounted.path, "mixed.pt")
     alone = os.path.join(mounted.path, "masters.pt")
+    first = os.path.join(mounted.path, "masters-first.pt")
+    sd_first = {"optimizer": opt, "model": sd["model"]}
     torch.save(sd, dst)
     torch.save({"optimizer": opt}, alone)
+    torch.save(sd_first, first)
     twin = local_twin(tmp_path, "mixed.pt")
     torch.save(sd, twin)
+    twin_first = local_twin(tmp_path, "masters-first.pt")
+    torch.save(sd_first, twin_first)
     mounted.sync()
     mounted.restart()
-    assert sha(dst) == sha(twin)
+    assert sha(dst) == sha(twin) and sha(first) == sha(twin_first)
     assert_same(torch.load(dst), sd)
+    assert_same(torch.load(first), sd_first)
 
     def stat(path):
         return json.loads(subprocess.run([sys.executable, "-m", "s4fs.cli", "stat", path,
@@ -116,6 +123,11 @@ def test_a_mixed_precision_checkpoint_stores_its_masters_on_their_copies(mounted
     assert pair["stored"] <= 1.02 * masters["stored"], (pair["stored"], masters["stored"])
     on = [t for t in pair["tensors"] if t.get("paired_on")]
     assert len(on) == 3 and all("model" in t["paired_on"] for t in on), pair["tensors"]
+    later = stat(first)
+    assert later["stored"] <= 1.02 * masters["stored"], (later["stored"], masters["stored"])
+    on = [t for t in later["tensors"] if t.get("paired_on")]
+    assert len(on) == 3 and all(t["dtype"] == "bfloat16" and "optimizer" in t["paired_on"]
+                                for t in on), later["tensors"]
 
 
 def test_cp_mv_rm_ls_stat(mounted, tmp_path):
