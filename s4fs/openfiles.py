@@ -136,10 +136,16 @@ class OpenFiles:
         with self.lock:
             w = self._writers.pop(path, None)
             node = self._nodes.pop(path, None)
+            if node is not None:
+                # before the writer is orphaned: an orphaned writeback writer is closed
+                # by the committer at once, and a node not yet detached would then drop
+                # it (writer_gone) — its readers' fstat would find no file (ENOENT) where
+                # a local disk's held descriptor still has one
+                node.detached = True
         if w is not None:
             w.orphan()
         if node is not None:
-            self._detach(node)           # first: its readers' packs are pinned
+            self._detach(node)           # its readers' packs are pinned
 
     def rename_file(self, old: str, new: str) -> WriteHandle | None:
         """The tables' side of a file rename; returns the writer of ``old``, now of

@@ -114,3 +114,37 @@ def test_a_spool_emptied_by_o_trunc_keeps_its_name_for_the_journal(tmp_path):
         assert bytes(f.open_read("f.bin").read(0, 100)) == b"new bytes"
     finally:
         f.close()
+
+
+def test_a_held_descriptor_keeps_its_file_when_the_unlink_races_the_committer(tmp_path,
+                                                                               monkeypatch):
+    """Under ``--writeback`` a file closed but not yet committed is unlinked while a
+    reader holds it (checkpoint rotation): the unlinked writer is closed by the committer
+    at once. Where that came before the unlink marked the file as gone, the reader's
+    ``fstat`` found no file (ENOENT, CI under load); a local disk's held descriptor
+    still has one, with its bytes. Here the committer is let in at that very moment."""
+    import time
+    fs = Filesystem(LocalStore(str(tmp_path / "store")),
+                    FsConfig(cache_dir=str(tmp_path / "cache"), writeback=True))
+    body = data("rotated", 3 * MiB)
+    try:
+        write(fs, "ckpt.bin", body)                 # accepted; its commit pending
+        r = fs.open_read("ckpt.bin")
+        w = r.node.writer
+        assert w is not None and r.node.version is None     # read from the spool
+        detach = fs.files._detach
+
+        def late_detach(node):                      # the committer goes first
+            deadline = time.monotonic() + 10
+            while w.live() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not w.live(), "the committer never closed the unlinked writer"
+            detach(node)
+        monkeypatch.setattr(fs.files, "_detach", late_detach)
+        fs.unlink("ckpt.bin")
+        assert fs.node_attr(r.node).size == len(body)      # fstat of the held descriptor
+        assert bytes(r.read(0, len(body) + 1)) == body
+        r.release()
+        assert not fs.exists("ckpt.bin")
+    finally:
+        fs.close()
