@@ -8,7 +8,9 @@ mixed-precision model computes with. Layouts, each one torch file:
   "optimizer": {"state": AdamW, "fp32_from_fp16_params": masters}}``;
 * ``masters + AdamW``: the same without the copy (what the pair should cost);
 * ``masters first``: the optimizer (masters and AdamW) saved before the copy: each copy
-  is coded on its master.
+  is coded on its master;
+* ``DCP shard``: the first two as torch DCP writes them (``dcp.save``, one process):
+  the items as torch files back to back in one ``.distcp`` file.
 
 Per layout: s4fs stored MiB with pairs on and off, through the mount's coding path
 (worker processes fed from a spool; no FUSE) and the API's (threads); ZipNN 0.5 per
@@ -49,11 +51,22 @@ def layouts(steps: int) -> dict[str, bytes]:
         return b.getvalue()
     bf16 = {k: v.to(torch.bfloat16) for k, v in model.items()}
     fp16 = {k: v.to(torch.float16) for k, v in model.items()}
+    def shard(obj) -> bytes:
+        """The one ``.distcp`` shard torch DCP writes of ``obj`` (one process)."""
+        import warnings
+        import torch.distributed.checkpoint as dcp
+        with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(obj, checkpoint_id=d)
+            with open(os.path.join(d, "__0_0.distcp"), "rb") as f:
+                return f.read()
     return {
         "bf16 copy + masters + AdamW": save({"model": bf16, "optimizer": optim}),
         "fp16 copy + masters + AdamW": save({"model": fp16, "optimizer": optim}),
         "masters + AdamW (no copy)": save({"optimizer": optim}),
         "masters first, then bf16 copy": save({"optimizer": optim, "model": bf16}),
+        "DCP shard: bf16 copy + masters + AdamW": shard({"model": bf16, "optimizer": optim}),
+        "DCP shard: masters + AdamW (no copy)": shard({"optimizer": optim}),
     }
 
 

@@ -245,3 +245,44 @@ def test_a_gpu_decode_restores_pairs(tmp_path, monkeypatch, to_host, layout):
         arr = got[c.key()]
         data = arr.get() if hasattr(arr, "get") else arr
         assert bytes(memoryview(data).cast("B")) == want[c.key()], c
+
+
+def test_a_dcp_shard_holding_copies_and_masters_stores_the_pair_once(tmp_path):
+    """torch DCP writes each rank's items as torch files back to back in one ``.distcp``
+    shard: the bf16 model and the fp32 masters of one shard pair as in one torch file
+    (within 2 % of the same shard saved without the copy), and the shard comes back
+    exact to a fresh node, which DCP then loads."""
+    import os
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    master = weights(n=4, shape=(512, 512))
+    state = mixed(master)
+    sizes = {}
+    for name, sd in (("pair", state), ("alone", {"optimizer": state["optimizer"]})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # one process: no process group
+            dcp.save(sd, checkpoint_id=str(tmp_path / name))
+        root = tmp_path / f"store-{name}"
+        fs = make_fs(root, tmp_path / f"cache-{name}")
+        try:
+            fs.mkdir(name)
+            for f in sorted(os.listdir(tmp_path / name)):
+                put(fs, f"{name}/{f}", (tmp_path / name / f).read_bytes())
+            shard = fs.manifest(f"{name}/__0_0.distcp")
+        finally:
+            fs.close()
+        sizes[name] = shard.stored_bytes()
+        if name == "pair":
+            assert sum(c.paired for s in shard.streams for c in s.chunks) == 4 * len(master)
+            back = tmp_path / "back"
+            back.mkdir()
+            for f in os.listdir(tmp_path / name):
+                (back / f).write_bytes(fresh_read(root, tmp_path, f"{name}/{f}"))
+                assert (back / f).read_bytes() == (tmp_path / name / f).read_bytes()
+            again = mixed({k: torch.zeros_like(v) for k, v in master.items()})
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                dcp.load(again, checkpoint_id=str(back))
+            got = again["optimizer"]["fp32_from_fp16_params"]
+            assert all(torch.equal(a, b) for a, b in zip(got, master.values()))
+    assert sizes["pair"] <= 1.02 * sizes["alone"], sizes
