@@ -106,6 +106,17 @@ class ChunkRef:
         return (self.pack, self.offset)
 
     @property
+    def hops(self) -> int:
+        """The deltas on other versions a read of this chunk goes through: its chain's
+        links less the pair links within one file (``max_delta_depth`` bounds these;
+        ``depth`` counts every link)."""
+        n, r = 0, self
+        while r.base is not None:
+            n += not r.paired
+            r = r.base
+        return n
+
+    @property
     def paired(self) -> bool:
         """Coded on its *pair* (s4fs.codec._pair): fp32 words on their low-precision
         copy, half as long, or the copy on its fp32 master, twice as long — not on an
@@ -270,7 +281,8 @@ class Manifest:
 def stored_split(m: Manifest) -> dict:
     """How one version's bytes were stored: ``stored_delta`` and ``stored_full`` (bytes
     in its own packs, as deltas / whole chunks), ``unchanged`` (logical bytes of chunks
-    reused from an earlier version), ``chain_depth``, ``read_cold`` (stored bytes a node
+    reused from an earlier version), ``chain_depth`` (the most deltas on other versions a
+    chunk is read through), ``read_cold`` (stored bytes a node
     with nothing cached fetches to read it: every blob of every chunk's delta chain,
     once). The one place this is counted: ``s4fs stat``, ``s4fs report`` and the
     metrics all use it."""
@@ -285,7 +297,7 @@ def stored_split(m: Manifest) -> dict:
                 delta_bytes += c.stored
             else:
                 full_bytes += c.stored
-            depth = max(depth, c.depth)
+            depth = max(depth, c.hops)
             link = c
             while link is not None:
                 blobs[link.key()] = link.stored

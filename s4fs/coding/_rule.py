@@ -233,7 +233,7 @@ def chunk_result(data, dtype: str, checksum: int, base: ChunkRef | None, base_by
 
 def delta_candidate(base: ChunkRef | None, raw: int, cfg: IngestConfig) -> bool:
     """Whether a chunk of ``raw`` bytes may be stored as a delta against ``base``."""
-    return base is not None and base.raw == raw and base.depth < cfg.max_delta_depth
+    return base is not None and base.raw == raw and base.hops < cfg.max_delta_depth
 
 
 def delta_is_tiny(delta_len: int, raw: int) -> bool:

@@ -287,7 +287,7 @@ def _depth_through(m: Manifest, blobs: set) -> int:
             while r.base is not None:
                 r = r.base
             if r.key() in blobs:
-                deepest = max(deepest, c.depth + 1)
+                deepest = max(deepest, c.hops + 1)
     return deepest
 
 

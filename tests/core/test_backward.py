@@ -53,8 +53,12 @@ def drifting(n=5, size=1 << 18, seed=0) -> list[bytes]:
 
 
 def make_fs(store, **kw) -> Filesystem:
+    """Pairs off unless told: the series' bf16 copy is here to be a delta on its other
+    versions, not on its master (tests/core/test_pairs.py)."""
+    kw.setdefault("pairs", False)
     ingest = IngestConfig(chunk_size=1 << 16, pack_size=1 << 18,
-                          **{k: kw.pop(k) for k in list(kw) if k in ("max_delta_depth",)})
+                          **{k: kw.pop(k) for k in list(kw)
+                             if k in ("max_delta_depth", "pairs")})
     if not isinstance(store, (LocalStore, FailingStore)):
         store = LocalStore(store)
     return Filesystem(store, FsConfig(ingest=ingest, **kw))

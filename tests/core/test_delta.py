@@ -75,7 +75,9 @@ def series(n=5, size=1 << 18, seed=0):
 
 def make_fs(root, direction="forward", **ingest):
     """Forward deltas unless told (these tests are about forward chains and the rule;
-    backward deltas: tests/core/test_backward.py)."""
+    backward deltas: tests/core/test_backward.py). Pairs off: the series' bf16 copy is
+    here to be a delta on its previous version, not on its master (test_pairs.py)."""
+    ingest.setdefault("pairs", False)
     cfg = FsConfig(ingest=IngestConfig(chunk_size=1 << 16, **ingest),
                    delta_direction=direction)
     return Filesystem(LocalStore(root), cfg)

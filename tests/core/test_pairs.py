@@ -202,6 +202,37 @@ def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path, l
     assert held < sum(map(len, data[:2]))
 
 
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
+def test_a_pair_is_no_hop_on_a_chain_and_chains_keep_their_bound(tmp_path, layout,
+                                                                 direction):
+    """``max_delta_depth`` bounds the deltas on other versions a chunk is read through;
+    a pair adds one link within its file, never another version: with the bound at 1,
+    every chunk of every version is at most one version away, pairs or not."""
+    root = tmp_path / "store"
+    fs = Filesystem(LocalStore(root), FsConfig(
+        ingest=IngestConfig(chunk_size=1 << 17, pack_size=1 << 20, max_delta_depth=1),
+        cache_dir=str(tmp_path / "cache"), delta_direction=direction))
+    master, data, paths = weights(n=3), [], []
+    try:
+        fs.mkdir("run")
+        for step in range(5):
+            master = {k: v - 1e-4 * torch.sign(v) for k, v in master.items()}
+            data.append(tbytes(layout(master)))
+            paths.append(f"run/ckpt_{step}.pt")
+            put(fs, paths[-1], data[-1])
+        assert fs.settle_deltas(120)
+        refs = [c for p in paths for s in fs.manifest(p).streams for c in s.chunks]
+    finally:
+        fs.close()
+    assert any(c.paired for c in refs) and max(c.hops for c in refs) <= 1
+    if direction == "backward":          # the older versions are deltas on the newer
+        assert max(c.hops for c in refs) == 1
+    assert all(c.depth <= c.hops + 2 for c in refs)
+    for p, want in zip(paths, data):
+        assert fresh_read(root, tmp_path, p) == want, p
+
+
 @pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
 def test_stat_says_what_a_tensor_is_coded_on(tmp_path, layout):
     from s4fs.report import file_report
