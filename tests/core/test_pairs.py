@@ -171,6 +171,20 @@ def masters_first(master: dict, kind: str = "bfloat16") -> dict:
     return {"optimizer": state["optimizer"], "model": state["model"]}
 
 
+def save_series(fs, layout, master: dict, n: int) -> tuple[list[str], list[bytes]]:
+    """``n`` checkpoints of a training run in ``run/`` (every weight a step further),
+    their re-expression as deltas settled: their paths and bytes."""
+    data, paths = [], []
+    fs.mkdir("run")
+    for step in range(n):
+        master = {k: v - 1e-4 * torch.sign(v) for k, v in master.items()}
+        data.append(tbytes(layout(master)))
+        paths.append(f"run/ckpt_{step}.pt")
+        put(fs, paths[-1], data[-1])
+    assert fs.settle_deltas(120)
+    return paths, data
+
+
 @pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
 def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path, layout):
     """Backward deltas re-express each previous checkpoint on the next (the chunks of
@@ -179,14 +193,7 @@ def test_a_series_keeps_every_version_through_deletes_renames_and_gc(tmp_path, l
     ran."""
     root = tmp_path / "store"
     fs = make_fs(root, tmp_path / "cache")
-    master, data, paths = weights(), [], []
-    fs.mkdir("run")
-    for step in range(4):
-        master = {k: v - 1e-4 * torch.sign(v) for k, v in master.items()}
-        data.append(tbytes(layout(master)))
-        paths.append(f"run/ckpt_{step}.pt")
-        put(fs, paths[-1], data[-1])
-    assert fs.settle_deltas(120)
+    paths, data = save_series(fs, layout, weights(), 4)
     m = fs.manifest(paths[-1])
     assert any(c.paired for s in m.streams for c in s.chunks)
     fs.unlink(paths[-1])
@@ -213,15 +220,8 @@ def test_a_pair_is_no_hop_on_a_chain_and_chains_keep_their_bound(tmp_path, layou
     fs = Filesystem(LocalStore(root), FsConfig(
         ingest=IngestConfig(chunk_size=1 << 17, pack_size=1 << 20, max_delta_depth=1),
         cache_dir=str(tmp_path / "cache"), delta_direction=direction))
-    master, data, paths = weights(n=3), [], []
     try:
-        fs.mkdir("run")
-        for step in range(5):
-            master = {k: v - 1e-4 * torch.sign(v) for k, v in master.items()}
-            data.append(tbytes(layout(master)))
-            paths.append(f"run/ckpt_{step}.pt")
-            put(fs, paths[-1], data[-1])
-        assert fs.settle_deltas(120)
+        paths, data = save_series(fs, layout, weights(n=3), 5)
         refs = [c for p in paths for s in fs.manifest(p).streams for c in s.chunks]
     finally:
         fs.close()
