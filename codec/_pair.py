@@ -61,9 +61,12 @@ def _fp16_widen_table() -> np.ndarray:
 
 
 def widen(copy: np.ndarray, kind: str) -> np.ndarray:
-    """The fp32 bit patterns (uint32) of the copy's values (``copy``: uint16 words)."""
+    """The fp32 bit patterns (uint32, a new array) of the copy's values (``copy``: uint16
+    words)."""
     if kind == "bfloat16":
-        return copy.astype(np.uint32) << np.uint32(16)
+        out = copy.astype(np.uint32)
+        out <<= np.uint32(16)
+        return out
     if kind == "float16":
         return _fp16_widen_table()[copy]
     raise CodecError(f"a pair's copy is bfloat16 or float16, not {kind!r}")
@@ -83,15 +86,19 @@ def _words(master, copy, kind: str) -> tuple[np.ndarray, np.ndarray]:
 def residual(master, copy, kind: str) -> np.ndarray:
     """The residual bytes (as long as ``master``) of fp32 words given their ``kind`` copy."""
     m, c = _words(master, copy, kind)
-    out = m - widen(c, kind) + HALF[kind]            # uint32: wraps
-    return out.astype("<u4", copy=False).view(np.uint8)
+    out = widen(c, kind)                             # a new array: worked on in place
+    np.subtract(m, out, out=out)                     # uint32: wraps
+    out += HALF[kind]
+    return out.view(np.uint8)
 
 
 def restore(res, copy, kind: str) -> np.ndarray:
     """The fp32 words :func:`residual` was given, from their residual and the copy."""
     r, c = _words(res, copy, kind)
-    out = r - HALF[kind] + widen(c, kind)
-    return out.astype("<u4", copy=False).view(np.uint8)
+    out = widen(c, kind)
+    out += r
+    out -= HALF[kind]
+    return out.view(np.uint8)
 
 
 def rounds_to(master, copy, kind: str, sample: int = 4096) -> float:
@@ -110,12 +117,18 @@ def nearest(master: np.ndarray, kind: str) -> np.ndarray:
     """The uint16 words of fp32 words ``master`` (uint32) rounded to ``kind``, to nearest
     even: what ``copy_`` into a bf16 or fp16 tensor gives, NaNs made one fixed quiet NaN
     (the rule is the format's: written out, so every machine predicts the same words)."""
-    nan = (master & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     if kind == "bfloat16":
-        bias = ((master >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
-        out = ((master + bias) >> np.uint32(16)).astype(np.uint16)
-        out[nan] = 0x7FC0
+        t = master >> np.uint32(16)
+        t &= np.uint32(1)
+        t += np.uint32(0x7FFF)
+        t += master
+        t >>= np.uint32(16)
+        out = t.astype(np.uint16)
+        nan = _nans(master, t)
+        if nan is not None:
+            out[nan] = 0x7FC0
         return out
+    nan = (master & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     if kind == "float16":
         with np.errstate(over="ignore", invalid="ignore"):
             out = master.view(np.float32).astype(np.float16).view(np.uint16)
@@ -124,6 +137,15 @@ def nearest(master: np.ndarray, kind: str) -> np.ndarray:
             | np.uint16(0x7E00)
         return out
     raise CodecError(f"a pair's copy is bfloat16 or float16, not {kind!r}")
+
+
+def _nans(master: np.ndarray, scratch: np.ndarray) -> np.ndarray | None:
+    """Where ``master`` holds NaNs (None: nowhere, the common case); ``scratch``, an
+    array as long, is overwritten."""
+    np.bitwise_and(master, np.uint32(0x7FFFFFFF), out=scratch)
+    if scratch.max(initial=0) <= 0x7F800000:
+        return None
+    return scratch > np.uint32(0x7F800000)
 
 
 def _copy_words(copy, master, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -135,10 +157,14 @@ def copy_residual(copy, master, kind: str) -> np.ndarray:
     """The residual bytes (as long as ``copy``) of ``kind`` words given their fp32
     master: zero wherever the copy is the master rounded to nearest."""
     c, m = _copy_words(copy, master, kind)
-    return (c - nearest(m, kind)).astype("<u2", copy=False).view(np.uint8)
+    out = nearest(m, kind)                           # a new array: worked on in place
+    np.subtract(c, out, out=out)                     # uint16: wraps
+    return out.view(np.uint8)
 
 
 def copy_restore(res, master, kind: str) -> np.ndarray:
     """The copy :func:`copy_residual` was given, from its residual and the master."""
     r, m = _copy_words(res, master, kind)
-    return (r + nearest(m, kind)).astype("<u2", copy=False).view(np.uint8)
+    out = nearest(m, kind)
+    out += r
+    return out.view(np.uint8)

@@ -72,7 +72,28 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
             cur, nbytes = [], 0
     if cur:
         batches.append(cur)
-    return batches
+    return _with_their_pairs(batches)
+
+
+def _with_their_pairs(batches: list[list[tuple]]) -> list[list[tuple]]:
+    """Each chunk coded on its pair in this version (s4fs.write.pairs: a master on its
+    copy, or the copy on its master) moved into its pair's batch, right after it: one
+    worker decodes both, the pair once (its decoded cache), where batches apart would
+    each decode it."""
+    home = {ref.key(): k for k, b in enumerate(batches) for ref, _ in b}
+    moves = [(k, j, home[ref.base.key()]) for k, b in enumerate(batches)
+             for j, (ref, _) in enumerate(b)
+             if ref.paired and home.get(ref.base.key(), k) != k]
+    if not moves:
+        return batches
+    out = [list(b) for b in batches]
+    for k, j, to in moves:
+        item = batches[k][j]
+        out[k].remove(item)
+        base = item[0].base.key()
+        at = next(i for i, (r, _) in enumerate(out[to]) if r.key() == base)
+        out[to].insert(at + 1, item)
+    return [b for b in out if b]
 
 
 def order(batches: list, first: int) -> list:

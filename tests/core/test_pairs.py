@@ -317,3 +317,38 @@ def test_a_dcp_shard_holding_copies_and_masters_stores_the_pair_once(tmp_path):
             got = again["optimizer"]["fp32_from_fp16_params"]
             assert all(torch.equal(a, b) for a, b in zip(got, master.values()))
     assert sizes["pair"] <= 1.02 * sizes["alone"], sizes
+
+
+@pytest.mark.parametrize("layout", [mixed, masters_first], ids=["copy-first", "master-first"])
+def test_a_fresh_nodes_decode_ahead_puts_each_pair_in_one_batch(tmp_path, layout):
+    """The decode ahead (worker processes, batches in file order) moves a chunk coded
+    on its pair into its pair's batch, so that one worker decodes the pair once; the
+    copy it fills is the file's bytes."""
+    from s4fs.read.fill import MIN_SIZE, plan
+    master = weights(n=6, shape=(512, 1024))
+    data = tbytes(layout(master))
+    assert len(data) >= MIN_SIZE                 # large enough to be decoded ahead
+    root = tmp_path / "store"
+    cfg = dict(processes=True, batch_bytes=1 << 20)
+    fs = make_fs(root, tmp_path / "cache", **cfg)
+    try:
+        put(fs, "ckpt.pt", data)
+        m = fs.manifest("ckpt.pt")
+    finally:
+        fs.close()
+    batches = plan(m, 1 << 20)
+    home = {ref.key(): k for k, b in enumerate(batches) for ref, _ in b}
+    paired = [ref for b in batches for ref, _ in b if ref.paired]
+    assert paired and all(home[r.key()] == home[r.base.key()] for r in paired)
+    # every chunk exactly once
+    assert sorted(home) == sorted({c.key() for s in m.streams for c in s.chunks})
+    fresh = Filesystem(LocalStore(root), FsConfig(
+        ingest=IngestConfig(chunk_size=1 << 17, **cfg),
+        cache_dir=str(tmp_path / "fresh")))
+    try:
+        r = fresh.open_read("ckpt.pt")
+        assert bytes(r.read(0, len(data) + 1)) == data
+        r.release()
+        assert fresh.decoded.path_of(m.id) is not None     # decoded ahead, whole
+    finally:
+        fresh.close()
