@@ -47,7 +47,8 @@ from concurrent.futures.process import BrokenProcessPool
 from s4fs.coding import _worker
 from s4fs.coding._jobs import DecodeJob, ItemResult, Job, JobResult, died
 from s4fs.coding._pool import KEEP, CodingPool
-from s4fs.coding._rule import DELTA, FULL, SAME, delta_prep
+from s4fs import codec
+from s4fs.coding._rule import DELTA, FULL, PAIR, SAME, code_pair, delta_prep
 from s4fs.errors import CodecError
 
 log = logging.getLogger(__name__)
@@ -60,21 +61,34 @@ MAX_IN_FLIGHT = 4      # batches to code one session keeps queued (each gpu_batc
 # --- the worker side ---------------------------------------------------------------------
 
 def code_batch(job: Job) -> JobResult:
-    """Code one batch on the GPU and store its pack (runs in the GPU worker process)."""
+    """Code one batch on the GPU and store its pack (runs in the GPU worker process).
+    Chunks coded on their pair (s4fs.write.pairs) are coded here on the CPU, as every
+    path codes them, the rest of the batch on the GPU."""
     from s4fs.coding._device_batch import code_items
     from s4fs.coding._bases import collecting_notes
     with _worker.job_files(job) as (fd, base_fd), collecting_notes() as notes:
         t0 = time.perf_counter()
         datas = [_worker.read_item(fd, it) for it in job.items]
-        prep = [delta_prep(data, it.base, job.cfg,
-                           lambda it=it: _worker.item_base(job, it, base_fd, DEVICE))
-                for it, data in zip(job.items, datas)]
+        paired = _paired(job, datas)
+        rest = [k for k in range(len(datas)) if k not in paired]
+        prep = [delta_prep(datas[k], job.items[k].base, job.cfg,
+                           lambda it=job.items[k]: _worker.item_base(job, it, base_fd,
+                                                                     DEVICE))
+                for k in rest]
         t1 = time.perf_counter()
-        coded = code_items([(d, it.dtype, it.base) for d, it in zip(datas, job.items)],
-                           prep, job.cfg)
+        coded = dict(zip(rest, code_items(
+            [(datas[k], job.items[k].dtype, job.items[k].base) for k in rest], prep,
+            job.cfg))) if rest else {}
         t2 = time.perf_counter()
         results, blobs, pos = [], [], 0
-        for it, (blob, base, sum_, _) in zip(job.items, coded):
+        for k, it in enumerate(job.items):
+            if k in paired:
+                blob = paired[k]
+                results.append(ItemResult(PAIR, pos, len(blob)))
+                blobs.append(blob)
+                pos += len(blob)
+                continue
+            blob, base, sum_, _ = coded[k]
             if sum_ != it.checksum:             # the device's hash of what it coded
                 raise _worker.spool_changed()
             if blob is None:
@@ -91,6 +105,24 @@ def code_batch(job: Job) -> JobResult:
                  len(datas), sum(map(len, datas)) / 2**20, 1e3 * (t3 - t0),
                  1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (t3 - t2))
         return JobResult(tuple(results), pos, tuple(notes))
+
+
+def _paired(job: Job, datas: list) -> dict:
+    """The blobs of the batch's chunks coded on their pair, by position (the CPU's
+    ``code_pair``: where the pair does not pay, the chunk is left to the GPU)."""
+    out = {}
+    for k, (it, data) in enumerate(zip(job.items, datas)):
+        if it.pair is None:
+            continue
+        if codec.checksum(data) != it.checksum:
+            raise _worker.spool_changed()
+        kind, ranges, ref = it.pair
+        blob = code_pair(data, it.dtype, it.checksum,
+                         (kind, ref, lambda r=ranges: _worker.read_ranges(job.spool, r)),
+                         job.cfg)
+        if blob is not None:
+            out[k] = blob
+    return out
 
 
 def decode_batch(job: DecodeJob) -> int:

@@ -271,8 +271,10 @@ class IngestSession:
             if self._threads.gpu:
                 self._gpu = GpuBatches(self._threads)
         # a master and its low-precision copy: the later coded on the earlier (pairs are
-        # coded on the CPU)
-        self._pairs = Pairs(self._head) if cfg.pairs and not where.gpu else None
+        # coded on the CPU: by the CPU workers, the GPU worker process, or this process's
+        # threads, not in this process's GPU batches)
+        self._pairs = Pairs(self._head) \
+            if cfg.pairs and (where.processes or not where.gpu) else None
         # in-process: the chunk bytes of each tensor a later one may be coded on (fp32
         # ones within KEEP_MASTERS bytes)
         self._kept_chunks: dict[int, list] = {}

@@ -95,6 +95,28 @@ def test_coded_in_the_gpu_process_exact_with_deltas(tmp_path):
     assert read_fresh(tmp_path, "ckpt.pt") == series[-1]
 
 
+@pytest.mark.parametrize("order", ["copy-first", "master-first"])
+def test_pairs_in_the_gpu_process(tmp_path, order):
+    """A mixed-precision checkpoint coded by the GPU worker process: the chunks coded on
+    their pair are coded there on the CPU (the rest on the GPU), the pair stored within
+    2 % of the masters alone, every byte back on a node with no GPU."""
+    from test_pairs import masters_first, mixed, weights
+    master = weights(n=4, shape=(512, 1024))
+    layout = mixed if order == "copy-first" else masters_first
+    data = torch_bytes(layout(master))
+    alone = torch_bytes({"optimizer": mixed(master)["optimizer"]})
+    fs = make_fs(tmp_path)
+    try:
+        m = save(fs, "ckpt.pt", data)
+        lone = save(fs, "alone.pt", alone)
+        assert "nvcomp-deflate" in plane_codecs(fs, m)          # the rest: on the GPU
+        assert sum(c.paired for s in m.streams for c in s.chunks) >= 4
+        assert m.stored_bytes() <= 1.02 * lone.stored_bytes()
+    finally:
+        fs.close()
+    assert read_fresh(tmp_path, "ckpt.pt") == data
+
+
 @pytest.mark.parametrize("size", [0, 1, (2 << 20) + 3, (9 << 20) + 5])
 def test_raw_bytes_round_trip(tmp_path, size):
     fs = make_fs(tmp_path)
