@@ -175,6 +175,62 @@ static PyObject *py_merge_sm(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------- BYTES */
 
+/* The byte planes of 2-, 4- and 8-byte elements (bf16/fp16 and fp32 words, pairs' residuals):
+ * a loop the compiler unrolls and vectorizes, where the general one moves a byte at a time
+ * (fp32: 1.5 GB/s). Byte k of an element is byte k of its memory, whatever the machine's
+ * byte order, as in the general loop. */
+static void split_fixed2(const uint8_t *in, uint8_t *out, Py_ssize_t n) {
+    uint8_t *o0 = out, *o1 = out + n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        o0[i] = in[2 * i];
+        o1[i] = in[2 * i + 1];
+    }
+}
+
+static void split_fixed4(const uint8_t *in, uint8_t *out, Py_ssize_t n) {
+    uint8_t *o0 = out, *o1 = out + n, *o2 = out + 2 * n, *o3 = out + 3 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        o0[i] = in[4 * i];
+        o1[i] = in[4 * i + 1];
+        o2[i] = in[4 * i + 2];
+        o3[i] = in[4 * i + 3];
+    }
+}
+
+static void merge_fixed2(const uint8_t **src, uint8_t *out, Py_ssize_t n) {
+    const uint8_t *s0 = src[0], *s1 = src[1];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[2 * i] = s0[i];
+        out[2 * i + 1] = s1[i];
+    }
+}
+
+static void merge_fixed4(const uint8_t **src, uint8_t *out, Py_ssize_t n) {
+    const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[4 * i] = s0[i];
+        out[4 * i + 1] = s1[i];
+        out[4 * i + 2] = s2[i];
+        out[4 * i + 3] = s3[i];
+    }
+}
+
+static void split_fixed8(const uint8_t *in, uint8_t *out, Py_ssize_t n) {
+    uint8_t *o0 = out, *o1 = out + n, *o2 = out + 2 * n, *o3 = out + 3 * n,
+            *o4 = out + 4 * n, *o5 = out + 5 * n, *o6 = out + 6 * n, *o7 = out + 7 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *e = in + 8 * i;
+        o0[i] = e[0]; o1[i] = e[1]; o2[i] = e[2]; o3[i] = e[3];
+        o4[i] = e[4]; o5[i] = e[5]; o6[i] = e[6]; o7[i] = e[7];
+    }
+}
+
+static void merge_fixed8(const uint8_t **src, uint8_t *out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (int k = 0; k < 8; k++)
+            out[8 * i + k] = src[k][i];
+}
+
 static PyObject *py_split_bytes(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
     Py_ssize_t unit;
@@ -194,9 +250,16 @@ static PyObject *py_split_bytes(PyObject *self, PyObject *args) {
     const uint8_t *in = s.buf;
     uint8_t *out = d.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (Py_ssize_t k = 0; k < unit; k++)
-            out[k * n + i] = in[i * unit + k];
+    if (unit == 2)
+        split_fixed2(in, out, n);
+    else if (unit == 4)
+        split_fixed4(in, out, n);
+    else if (unit == 8)
+        split_fixed8(in, out, n);
+    else
+        for (Py_ssize_t i = 0; i < n; i++)
+            for (Py_ssize_t k = 0; k < unit; k++)
+                out[k * n + i] = in[i * unit + k];
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&s);
     PyBuffer_Release(&d);
@@ -228,9 +291,16 @@ static PyObject *py_merge_bytes(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < unit; k++)
         src[k] = p[k].buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (Py_ssize_t k = 0; k < unit; k++)
-            out[i * unit + k] = src[k][i];
+    if (unit == 2)
+        merge_fixed2(src, out, n);
+    else if (unit == 4)
+        merge_fixed4(src, out, n);
+    else if (unit == 8)
+        merge_fixed8(src, out, n);
+    else
+        for (Py_ssize_t i = 0; i < n; i++)
+            for (Py_ssize_t k = 0; k < unit; k++)
+                out[i * unit + k] = src[k][i];
     Py_END_ALLOW_THREADS
     release_planes(p, unit);
     PyBuffer_Release(&d);
