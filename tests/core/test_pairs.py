@@ -11,6 +11,7 @@ backward deltas and the collector.
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 import torch
@@ -349,6 +350,11 @@ def test_a_fresh_nodes_decode_ahead_puts_each_pair_in_one_batch(tmp_path, layout
         r = fresh.open_read("ckpt.pt")
         assert bytes(r.read(0, len(data) + 1)) == data
         r.release()
-        assert fresh.decoded.path_of(m.id) is not None     # decoded ahead, whole
+        # decoded ahead, whole: the copy is the decoded cache's once its whole-file
+        # hash is checked, which may be just after the last read returned
+        deadline = time.monotonic() + 30
+        while fresh.decoded.path_of(m.id) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fresh.decoded.path_of(m.id) is not None
     finally:
         fresh.close()

@@ -123,7 +123,13 @@ def test_a_held_descriptor_keeps_its_file_when_the_unlink_races_the_committer(tm
     at once. Where that came before the unlink marked the file as gone, the reader's
     ``fstat`` found no file (ENOENT, CI under load); a local disk's held descriptor
     still has one, with its bytes. Here the committer is let in at that very moment."""
+    import threading
     import time
+    from s4fs.write.handle import WriteHandle
+    gate = threading.Event()                        # the commit waits for the unlink
+    commit = WriteHandle.background_commit
+    monkeypatch.setattr(WriteHandle, "background_commit",
+                        lambda self: (gate.wait(10), commit(self))[1])
     fs = Filesystem(LocalStore(str(tmp_path / "store")),
                     FsConfig(cache_dir=str(tmp_path / "cache"), writeback=True))
     body = data("rotated", 3 * MiB)
@@ -135,6 +141,7 @@ def test_a_held_descriptor_keeps_its_file_when_the_unlink_races_the_committer(tm
         detach = fs.files._detach
 
         def late_detach(node):                      # the committer goes first
+            gate.set()
             deadline = time.monotonic() + 10
             while w.live() and time.monotonic() < deadline:
                 time.sleep(0.01)
