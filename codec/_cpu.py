@@ -77,8 +77,8 @@ def _entropy_code(arr: np.ndarray, runs: bool, profile: CpuProfile,
 def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, bytes]:
     arr = plane if isinstance(plane, np.ndarray) else np.frombuffer(plane, dtype=np.uint8)
     n = arr.size
-    if n == 0:
-        return P.RAW, P.Raw.major, b""
+    if n == 0 or kind == RAW_KIND:
+        return P.RAW, P.Raw.major, arr if n else b""
     if kind == _planes.ENTROPY:
         zeros = n - np.count_nonzero(arr)
         if zeros == n:
@@ -105,6 +105,27 @@ def _encode_plane_cpu(plane, kind: str, profile: CpuProfile) -> tuple[int, int, 
     if len(enc) < 48 + n // 4096 and _is_const(arr):
         return P.CONST, P.Const.major, arr[:1].tobytes()
     return cid, major, enc
+
+
+#: a pair's plane whose first bytes zstd cannot shrink by this much is stored raw
+RANDOM_SAMPLE, RANDOM_GAIN = 1 << 16, 0.02
+
+
+def _raw_if_random(plane, kind: str) -> str:
+    """A pair residual's low bytes are the master's low mantissa bits, as good as random
+    unless the master was made from its copy (then constant): a sample says which, so
+    that the whole plane is not offered to zstd and Huffman in vain."""
+    arr = plane if isinstance(plane, np.ndarray) else np.frombuffer(plane, dtype=np.uint8)
+    if kind != _planes.GENERIC or arr.size < 4 * RANDOM_SAMPLE:
+        return kind
+    head = arr[:RANDOM_SAMPLE]
+    coded = P.Zstd(1).encode(head)
+    if coded is None or len(coded) > (1 - RANDOM_GAIN) * RANDOM_SAMPLE:
+        return RAW_KIND
+    return kind
+
+
+RAW_KIND = "raw"            # (pairs only) stored as it is, no coder tried
 
 
 def encode_planes_cpu(planes, kinds, profile: CpuProfile = DEFAULT_CPU,
@@ -166,7 +187,9 @@ def compress_cpu(raw: memoryview, dt: DType, *, base=None,
         # the master rounded, its low ones the master's own low mantissa bits
         layout = _planes.BYTES if profile.layout is None else profile.layout
         planes = _planes.split(src, dt, layout)
-        coded = encode_planes_cpu(planes, _planes.plane_kinds(dt, layout, len(src)), profile)
+        kinds = [_raw_if_random(p, k) for p, k in
+                 zip(planes, _planes.plane_kinds(dt, layout, len(src)))]
+        coded = encode_planes_cpu(planes, kinds, profile)
         return pack_chunk(dt, layout, data_sum, base_sum, src, coded,
                           pair=base_dtype if transform == "pair" else None,
                           on_master=transform == "on_master")
