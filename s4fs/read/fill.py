@@ -76,23 +76,34 @@ def plan(m: Manifest, batch_bytes: int) -> list[list[tuple]]:
 
 
 def _with_their_pairs(batches: list[list[tuple]]) -> list[list[tuple]]:
-    """Each chunk coded on its pair in this version (s4fs.write.pairs: a master on its
-    copy, or the copy on its master) moved into its pair's batch, right after it: one
-    worker decodes both, the pair once (its decoded cache), where batches apart would
-    each decode it."""
+    """Each pair of this version (s4fs.write.pairs: a master on its copy, or the copy on
+    its master) in one batch, so that one worker decodes both and the first once (its
+    decoded cache), where batches apart would each decode it: the copy's chunk (half the
+    bytes) goes to its master's batch, before it or after it as it is decoded. Masters
+    lie spread over the file's batches, so the batches stay about even."""
     home = {ref.key(): k for k, b in enumerate(batches) for ref, _ in b}
-    moves = [(k, j, home[ref.base.key()]) for k, b in enumerate(batches)
-             for j, (ref, _) in enumerate(b)
-             if ref.paired and home.get(ref.base.key(), k) != k]
+    items = {ref.key(): (ref, pieces) for b in batches for ref, pieces in b}
+    moves = []                      # (the copy's key, the master's key, copy goes after)
+    for b in batches:
+        for ref, _ in b:
+            base = ref.base
+            if not ref.paired or base.key() not in home:
+                continue
+            if ref.raw < base.raw:              # a copy on its master: after it
+                moves.append((ref.key(), base.key(), True))
+            else:                               # a master on its copy: the copy before
+                moves.append((base.key(), ref.key(), False))
+    moves = [m for m in moves if home[m[0]] != home[m[1]]]
     if not moves:
         return batches
     out = [list(b) for b in batches]
-    for k, j, to in moves:
-        item = batches[k][j]
-        out[k].remove(item)
-        base = item[0].base.key()
-        at = next(i for i, (r, _) in enumerate(out[to]) if r.key() == base)
-        out[to].insert(at + 1, item)
+    for copy, master, after in moves:
+        item = items[copy]
+        out[home[copy]].remove(item)
+        to = out[home[master]]
+        at = next(i for i, (r, _) in enumerate(to) if r.key() == master)
+        to.insert(at + 1 if after else at, item)
+        home[copy] = home[master]
     return [b for b in out if b]
 
 
