@@ -107,22 +107,30 @@ def _with_their_pairs(batches: list[list[tuple]]) -> list[list[tuple]]:
     return [b for b in out if b]
 
 
-def order(batches: list, first: int) -> list:
-    """``batches`` in the order they are decoded: the one holding file offset ``first``
-    (the first read), then the one holding the file's end (torch.load reads the zip
-    directory there next), then the rest in file order."""
+LEAD = 1 << 20      # bytes after the first read, and before the file's end, decoded first
+
+
+def order(batches: list, first: int, lead: int = LEAD) -> list:
+    """``batches`` in the order they are decoded: those holding the first read's bytes
+    (``first`` and the ``lead`` bytes the kernel reads ahead of it), then those
+    holding the file's last ``lead`` bytes (torch.load reads the zip's directory
+    there next: its pages also hold the end of the last storage, whose chunks may lie in
+    any batch), then the rest in file order."""
     if len(batches) < 2:
         return batches
-    ends = [max(fo + n for _, ps in b for _, fo, n in ps) for b in batches]
-    lead = next((i for i, b in enumerate(batches)
-                 if any(fo <= first < fo + n for _, ps in b for _, fo, n in ps)), 0)
-    tail = max(range(len(batches)), key=ends.__getitem__)
-    picked = [lead] if tail == lead else [lead, tail]
+    size = max(fo + n for b in batches for _, ps in b for _, fo, n in ps)
+
+    def holds(b, lo: int, hi: int) -> bool:
+        return any(fo < hi and lo < fo + n for _, ps in b for _, fo, n in ps)
+
+    picked = [i for i, b in enumerate(batches) if holds(b, first, first + lead)]
+    picked += [i for i, b in enumerate(batches)
+               if i not in picked and holds(b, max(0, size - lead), size)]
     return [batches[i] for i in picked] + \
         [b for i, b in enumerate(batches) if i not in picked]
 
 
-class _Ranges:
+class Ranges:
     """Disjoint sorted [lo, hi) intervals of the file that are filled."""
 
     def __init__(self) -> None:
@@ -145,6 +153,16 @@ class _Ranges:
     def prefix(self) -> int:
         """The end of the filled run that starts at 0 (0: none)."""
         return self.hi[0] if self.lo and self.lo[0] == 0 else 0
+
+    def gap(self, lo: int, hi: int) -> tuple[int, int] | None:
+        """The first part of [lo, hi) that no interval covers, or None."""
+        i = bisect.bisect_right(self.lo, lo) - 1
+        if i >= 0 and self.hi[i] > lo:
+            lo = self.hi[i]
+        if lo >= hi:
+            return None
+        j = bisect.bisect_right(self.lo, lo)
+        return lo, min(hi, self.lo[j]) if j < len(self.lo) else hi
 
 
 class _Mapped:
@@ -189,7 +207,8 @@ class Fill:
         self.pool = pool
         self.path = os.path.join(cache.folder, FILL_PREFIX + m.id)
         self._cond = threading.Condition()
-        self._done = _Ranges()
+        self._done = Ranges()
+        self._landings = 0                     # batches accounted so far
         self.failed: BaseException | None = None
         self._left = 0
         self._on_done = on_done
@@ -285,6 +304,7 @@ class Fill:
                 if self._first is None:
                     self._first = time.monotonic() - self._started
             self._left -= 1
+            self._landings += 1
             last = self._left == 0
             self._cond.notify_all()
         if last:
@@ -310,6 +330,17 @@ class Fill:
                     return False
                 self._cond.wait()
             return True
+
+    def landed(self, seen: int = -1):
+        """``(landings, ranges, over)`` once more than ``seen`` batches have ended (at
+        once for -1, or when no more will): ``ranges`` the file's filled ranges, merged
+        and sorted; ``landings`` what to pass as ``seen`` next; ``over`` whether no more
+        will land (every batch ended, or the fill failed: ``failed``)."""
+        with self._cond:
+            while self._landings <= seen and self.failed is None and self._left > 0:
+                self._cond.wait()
+            over = self.failed is not None or self._left == 0
+            return self._landings, list(zip(self._done.lo, self._done.hi)), over
 
     def _follow(self) -> None:
         """Hash the copy's filled prefix as it grows (batches land about in file

@@ -39,7 +39,8 @@ class KernelPort(abc.ABC):
         """Put ``data`` into the kernel's page cache of ``inode`` at ``offset`` (FUSE
         ``notify_store``): reads of those pages are then not sent to the daemon. Raises
         ``OSError`` where the kernel refuses (ENOSYS: never here) or does not know the
-        inode (any more). Called from threads of the core's own."""
+        inode (any more). Called from threads of the core's own; ``data`` (a buffer)
+        is valid only during the call."""
 
     @abc.abstractmethod
     def invalidate_entry(self, parent: int, name: bytes) -> None:

@@ -5,10 +5,13 @@ A fresh node's first open of a checkpoint finds no local copy: the decode ahead
 (s4fs.read.fill) fills one in the worker processes, batch by batch. Waiting at the open
 until the copy is whole and then passing it through puts ``torch.load`` after the whole
 decode; answering every read in the daemon costs a Python round trip per request. Here
-the open returns at once, through the page cache, and threads of the daemon push each
-batch's bytes into the kernel's cache of the file (FUSE ``notify_store``) as it lands,
-in the order the decode runs: the reads that find their pages there never reach the
-daemon; one that runs ahead of the decode is a request that waits for its own batch.
+the open returns at once, through the page cache, and threads of the daemon push the
+decoded bytes into the kernel's cache of the file (FUSE ``notify_store``) as they land,
+lowest first, in whole pages, straight from a mapping of the copy: the reads that find
+their pages there never reach the daemon; one that runs ahead of the decode is a request
+that waits for its own batch. A page that holds bytes of two batches is pushed once both
+are in (the kernel keeps only pages a push fills, and a pusher must not wait on a page
+that a read request holds while it waits for the batch still decoding).
 ``bench/push_floor.py`` measured the three ways with no codec at all.
 
 The pages pushed are exactly the version the open reads (``kernel_id`` of its node, in
@@ -23,13 +26,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import os
 import threading
+
+from s4fs.read.fill import Ranges
 
 log = logging.getLogger("s4fs.mount")
 
 PIECE = 4 << 20          # bytes per push
-THREADS = 2              # pushers per file (batches taken in turns)
+PAGE = mmap.PAGESIZE
+
+
+def threads() -> int:
+    """Pushers per file (each takes the next landed piece): the kernel copies each pushed page
+    in the pusher's own thread, at 1-2 GB/s, so a machine with cores to spare pushes
+    with more of them; two at least, eight at most."""
+    return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 class Pusher:
@@ -41,21 +54,39 @@ class Pusher:
         self.port, self.inode, self.fill, self.fd = port, inode, fill, fd
         self.name = name or f"inode {inode}"
         self.on_refused = on_refused
+        self.threads = threads()
         # one per thread, held across each of its pushes: stop() waits for them all
-        self._locks = [threading.Lock() for _ in range(THREADS)]
+        self._locks = [threading.Lock() for _ in range(self.threads)]
         self._stopped = False
         self._count = threading.Lock()
-        self._left = THREADS
-        self._pushed = [0] * THREADS
+        self._left = self.threads
+        self._pushed = [0] * self.threads
+        # what the threads took to push, in file order as it lands (:meth:`_claim`)
+        self._planning = threading.Lock()
+        self._taken = Ranges()
+        self._seen = -1
+        # the kernel copies the pushed bytes straight out of a mapping of the copy (no
+        # read into a buffer first); ``pread`` into one where the copy cannot be mapped
+        try:
+            self._map = mmap.mmap(fd, fill.m.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except (OSError, ValueError):
+            self._map = None
 
     @property
     def pushed(self) -> int:
         return sum(self._pushed)
 
     def start(self) -> None:
-        for k in range(THREADS):
+        for k in range(self.threads):
             threading.Thread(target=self._run, args=(k,), daemon=True,
                              name="s4fs-push").start()
+
+    def discard(self) -> None:
+        """Never started: let its copy go."""
+        self._stopped = True
+        if self._map is not None:
+            self._map.close()
+        os.close(self.fd)
 
     def stop(self, wait: bool = True) -> None:
         """No push after this returns (those in flight are waited for); ``wait`` False:
@@ -68,26 +99,50 @@ class Pusher:
                 with lock:
                     pass
 
+    def _claim(self) -> tuple[int, int] | None:
+        """The next piece to push: the lowest part, up to :data:`PIECE` bytes, of the
+        landed bytes no thread took yet, in whole pages (the kernel keeps a pushed page
+        only when the push fills it: a page shared with bytes still decoding waits for
+        them); None when there is none left or the push stops."""
+        size = self.fill.m.size
+        with self._planning:
+            while not self._stopped:
+                landings, ranges, over = self.fill.landed(self._seen)
+                if self.fill.failed is not None:
+                    return None
+                for lo, hi in ranges:
+                    lo = -(-lo // PAGE) * PAGE
+                    hi = hi if hi == size else hi // PAGE * PAGE
+                    got = self._taken.gap(lo, hi) if lo < hi else None
+                    if got is not None:
+                        piece = (got[0], min(got[1], got[0] + PIECE))
+                        self._taken.add(*piece)
+                        return piece
+                if over:
+                    return None
+                self._seen = landings           # wait for the next batch to land
+        return None
+
     def _run(self, k: int) -> None:
-        buf = bytearray(PIECE)
-        mv = memoryview(buf)
+        view = memoryview(self._map) if self._map is not None else None
+        buf = memoryview(bytearray(PIECE)) if view is None else None
         lock = self._locks[k]
         try:
-            for b in range(k, len(self.fill.batches), THREADS):
-                for lo, hi in self.fill.ranges(b):
-                    if not self.fill.wait(lo, hi):          # the decode ahead failed
+            while (got := self._claim()) is not None:
+                pos, end = got
+                if view is not None:
+                    piece = view[pos: end]
+                else:
+                    n = os.preadv(self.fd, [buf[: end - pos]], pos)
+                    if n <= 0:
                         return
-                    pos = lo
-                    while pos < hi:
-                        n = os.preadv(self.fd, [mv[: min(PIECE, hi - pos)]], pos)
-                        if n <= 0:
-                            return
-                        with lock:
-                            if self._stopped:
-                                return
-                            self.port.store_pages(self.inode, pos, mv[:n])
-                        self._pushed[k] += n
-                        pos += n
+                    piece = buf[:n]
+                with lock:
+                    if self._stopped:
+                        return
+                    self.port.store_pages(self.inode, pos, piece)
+                self._pushed[k] += len(piece)
+                piece.release()
         except OSError as exc:
             self._stopped = True
             if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
@@ -95,10 +150,14 @@ class Pusher:
             else:                   # the kernel forgot the inode, the copy went away
                 log.debug("pushing inode %d: %s", self.inode, exc)
         finally:
+            if view is not None:
+                view.release()
             with self._count:
                 self._left -= 1
                 last = self._left == 0
             if last:
+                if self._map is not None:
+                    self._map.close()
                 os.close(self.fd)
                 log.info("%s: %.1f MiB of its decoded copy pushed into the page cache",
                          self.name, self.pushed / 2**20)
@@ -136,8 +195,7 @@ class Pushes:
         under the gate that :meth:`quiet` holds; else drop it. Whether it started."""
         with self._gate:
             if not still():
-                p.stop()
-                os.close(p.fd)
+                p.discard()
                 return False
             with self._lock:
                 self._by_inode.setdefault(p.inode, []).append(p)

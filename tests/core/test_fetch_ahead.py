@@ -182,9 +182,19 @@ def test_the_first_read_batch_goes_first_then_the_tail():
     def batch(lo, hi):
         return [(None, ((0, lo, hi - lo),))]
     bs = [batch(0, 10), batch(10, 20), batch(20, 30), batch(30, 40)]
-    assert order(bs, 15) == [bs[1], bs[3], bs[0], bs[2]]
-    assert order(bs, 35) == [bs[3], bs[0], bs[1], bs[2]]
-    assert order(bs, 0) == [bs[0], bs[3], bs[1], bs[2]]
+    assert order(bs, 15, lead=1) == [bs[1], bs[3], bs[0], bs[2]]
+    assert order(bs, 35, lead=1) == [bs[3], bs[0], bs[1], bs[2]]
+    assert order(bs, 0, lead=1) == [bs[0], bs[3], bs[1], bs[2]]
+    # the kernel's read ahead of the first read: the batch after it too
+    assert order(bs, 5, lead=8) == [bs[0], bs[1], bs[3], bs[2]]
+    # a torch file: the zip directory at the end lies in the batch of the other
+    # records (batch 0, with the file's start), and the page before it holds the end
+    # of the last storage, whose chunk lies in the last batch: both come first, or the
+    # read of the directory waits for the whole decode
+    meta = [(None, ((0, 0, 2), (2, 38, 2)))]
+    torch_like = [meta + batch(2, 10), batch(10, 20), batch(20, 30), batch(30, 38)]
+    assert order(torch_like, 0, lead=4) == [torch_like[0], torch_like[3], torch_like[1],
+                                            torch_like[2]]
 
 
 # --- a fresh node on S3 ---------------------------------------------------------------
