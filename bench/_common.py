@@ -74,6 +74,16 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {load}"
 
 
+def machine_cpu() -> float:
+    """CPU seconds every process of this machine has used since boot (an S3 server on
+    loopback included): /proc/stat's user, nice, system, irq and softirq. Over a span,
+    divided by the cores, it is the span's *CPU floor*: the least it could take had its
+    work been spread over every core."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()
+    return sum(int(x) for x in parts[1:4] + parts[6:8]) / os.sysconf("SC_CLK_TCK")
+
+
 def passthrough_pyfuse3_env() -> dict:
     """The environment of a FUSE daemon that imports the pyfuse3 built with passthrough
     (``S4FS_PYFUSE3_PASSTHROUGH``: its site folder, first on PYTHONPATH)."""

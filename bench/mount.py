@@ -19,6 +19,10 @@ disk, alternating, and the table gives medians:
 * cold load: after unmount, ``drop_caches`` and a remount with the same cache dir (the
   decoded cache on disk, page cache cold) — and as a fresh node (empty cache dir: every
   byte fetched from the store and decoded) — vs the local file after ``drop_caches``;
+  beside the fresh node: its CPU floor (the CPU seconds every process of the machine
+  used during that load, over the cores: near 1x the load was bound by the cores), the
+  same load again with its pages cached (the load's own floor), and the version before
+  the newest loaded by a fresh node (a backward delta on the newest), ÷ the newest's;
 * stored % of logical over the whole series (deltas included) and the daemon's peak RSS.
 
 Timings are printed, never asserted. Needs root for ``drop_caches`` (skipped otherwise).
@@ -275,8 +279,14 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
         res["stored_pct"] = 100.0 * stored / logical
         res["logical"] = r["logical"]
         res["hwm"] = daemon_hwm(mnt)
+        from _common import machine_cpu
         res["cold_m"], res["cold_l"], res["fresh_m"] = [], [], []
-        for kind, cdir in (("cold_m", cache), ("fresh_m", None)):
+        res["fresh_cpu"], res["again_m"], res["before_m"] = [], [], []
+        # the version before the newest (a backward delta on it), on a fresh node too
+        before = os.path.join(mnt, f"ckpt_{len(cks) - 2}.pt") if len(cks) > 1 else None
+        kinds = [("cold_m", cache), ("fresh_m", None)] + \
+            ([("before_m", None)] if before else [])
+        for kind, cdir in kinds:
             for k in range(loads):
                 cli("umount", mnt)
                 c = cdir or os.path.join(ram or work, f"cache-{tag}-fresh{k}")
@@ -288,9 +298,19 @@ def run_mode(mode: str, cks: list[dict], work: str, store_arg: str | None,
                 now, since = time.time(), log_size(c)
                 began = (time.strftime("%H:%M:%S", time.localtime(now))
                          + f".{int(now * 1000) % 1000:03d}")
-                res[kind].append(timed(lambda: torch.load(pm)))
+                c0 = machine_cpu()
+                res[kind].append(timed(lambda: torch.load(before if kind == "before_m"
+                                                          else pm)))
+                if kind == "fresh_m":
+                    res["fresh_cpu"].append(machine_cpu() - c0)
+                    # the same load again, its pages cached: the load's own floor
+                    res["again_m"].append(timed(lambda: torch.load(pm)))
                 if daemon_log:
                     print(f"# {kind}: torch.load began at {began}", flush=True)
+                    if kind == "fresh_m":
+                        print(f"# fresh_m: {res['fresh_cpu'][-1]:.2f} CPU s (every "
+                              f"process); again from the page cache "
+                              f"{res['again_m'][-1]:.2f} s", flush=True)
                     print_fill_log(c, res[kind][-1], kind + " load", since)
                 if kind == "cold_m":
                     drop_caches()
@@ -468,21 +488,28 @@ def main(argv=None) -> int:
                          args.daemon_log)
             fresh = (f"{med(r['fresh_m']):.2f} = {med(r['fresh_m']) / med(r['cold_l']):.2f}x"
                      if r.get("fresh_m") and r.get("cold_l") else "-")
+            cores = os.cpu_count() or 1
+            floor = (f"{med(r['fresh_cpu']) / cores:.2f} s ({med(r['fresh_m']) / (med(r['fresh_cpu']) / cores):.2f}x)"
+                     if r.get("fresh_cpu") else "-")
+            again = f"{med(r['again_m']):.2f}" if r.get("again_m") else "-"
+            before = (f"{med(r['before_m']):.2f} = {med(r['before_m']) / med(r['fresh_m']):.2f}x"
+                      if r.get("before_m") and r.get("fresh_m") else "-")
             rows.append([mode, f"{r['logical'] / 2**30:.2f} GiB",
                          _ratio(r, "save_m", "save_l"),
                          f"{r['sync']:.2f}" if "writeback" in mode.split("+") else "-",
                          _ratio(r, "warm_m", "warm_l"), _ratio(r, "cold_m", "cold_l"), fresh,
+                         floor, again, before,
                          f"{r['stored_pct']:.1f}", f"{r['hwm'] / 2**20:.0f}"])
         if args.floor:
             f = coding_floor(cks, work, args.device, args.workers)
             rows.append(["coding alone (the floor)", "", _ratio(f, "coding", "local"),
-                         "-", "-", "-", "-", "-", "-"])
+                         "-", "-", "-", "-", "-", "-", "-", "-", "-"])
             last = f"ckpt_{len(cks) - 1}.pt"
             f = fuse_floor(cks, os.path.join(work, f"local-{modes[-1]}", last), work,
                            args.loads)
             rows.append(["FUSE requests alone (the floor)", "",
                          _ratio(f, "save_f", "save_l"), "-", "-",
-                         _ratio(f, "cold_f", "cold_l"), "-", "-", "-"])
+                         _ratio(f, "cold_f", "cold_l"), "-", "-", "-", "-", "-", "-"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"# bench/mount.py — {machine()}; codec device {args.device}, "
@@ -491,7 +518,9 @@ def main(argv=None) -> int:
           f"{args.every} training steps apart); medians; seconds mount / local")
     print(table(["mode", "checkpoint", "save (local: +os.sync)", "then s4fs sync",
                  "warm load", "cold load (remount, drop_caches)",
-                 "cold load, fresh node", "stored % (series)", "RSS MiB (daemon + workers)"], rows))
+                 "cold load, fresh node", "fresh node's CPU floor", "again, page cache",
+                 "version before, fresh node (÷ newest)",
+                 "stored % (series)", "RSS MiB (daemon + workers)"], rows))
     return 0
 
 

@@ -93,6 +93,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mount import drop_caches, series  # noqa: E402  (bench/mount.py: stdlib imports only)
+from _common import machine_cpu  # noqa: E402
 
 PEERS = ("s4fs", "s4fs-writeback", "s3fs", "rclone", "boto3")      # the default run
 KNOWN = PEERS + ("s4fs-stream", "s4fs-push")
@@ -667,14 +668,6 @@ def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def machine_cpu() -> float:
-    """CPU seconds every process of this machine has used since boot (the S3 server
-    on loopback included): /proc/stat's user, nice, system, irq and softirq."""
-    with open("/proc/stat") as f:
-        parts = f.readline().split()
-    return sum(int(x) for x in parts[1:4] + parts[6:8]) / os.sysconf("SC_CLK_TCK")
 
 
 def checked_load(path: str, want: dict) -> float:
