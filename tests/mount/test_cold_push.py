@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 import torch
 
 from test_passthrough import log_of
@@ -117,3 +118,52 @@ def test_a_reader_that_stops_early_leaves_a_file_that_loads_whole(mount_factory)
     out = subprocess.run(["head", "-c", "100", p], capture_output=True, timeout=60)
     assert out.returncode == 0 and out.stdout == raw(sd)[:100]
     assert same(torch.load(p, weights_only=True), sd)
+
+
+def test_a_damaged_pack_read_while_pushed_is_an_io_error_never_other_bytes(mount_factory):
+    """A fresh node's pushed read of a file one of whose packs was damaged in the store:
+    torch.load fails, and a plain read of the file returns, piece by piece, either the
+    file's bytes or EIO — never other bytes, never zeros of a batch that failed."""
+    import errno
+    data = raw(state(8))
+    fresh = saved_then_fresh(mount_factory, {"ckpt.pt": data})
+    packs = sorted((os.path.join(d, n) for d, _, ns in os.walk(fresh.store) for n in ns
+                    if "pack" in d), key=os.path.getsize)
+    assert packs, "the store keeps its chunks in packs"
+    with open(packs[-1], "r+b") as f:            # the largest: tensor chunks
+        f.seek(os.path.getsize(packs[-1]) // 2)
+        f.write(b"\xa5" * 4096)
+    p = os.path.join(fresh.path, "ckpt.pt")
+    with pytest.raises(Exception):
+        torch.load(p, weights_only=True)
+    failed = 0
+    with open(p, "rb", buffering=0) as f:
+        for off in range(0, len(data), MiB):
+            f.seek(off)
+            try:
+                got = f.read(MiB)
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+                failed += 1
+                continue
+            assert got == data[off: off + MiB], f"other bytes at {off}"
+    assert failed, "the damaged chunk's bytes must not read"
+
+
+def test_a_cold_file_renamed_and_unlinked_while_pushed_reads_whole(mount_factory):
+    """A fresh node reads a cold checkpoint while it is decoded and pushed; meanwhile
+    the file is renamed, then unlinked (a rotation deleting old checkpoints): the
+    descriptor held reads every byte of it, and torch.load of the renamed file before
+    the unlink is exact."""
+    data = raw(state(9))
+    fresh = saved_then_fresh(mount_factory, {"ckpt.pt": data, "other.pt": raw(state(10))})
+    p, q = os.path.join(fresh.path, "ckpt.pt"), os.path.join(fresh.path, "moved.pt")
+    with open(p, "rb", buffering=0) as f:
+        head = f.read(MiB)
+        os.rename(p, q)
+        assert same(torch.load(q, weights_only=True), torch.load(io.BytesIO(data)))
+        os.unlink(q)
+        os.unlink(os.path.join(fresh.path, "other.pt"))
+        rest = f.read()
+    assert head + rest == data
+    assert not os.path.exists(q)
