@@ -236,6 +236,13 @@ class S3Store(Store):
 
     def __init__(self, bucket: str, prefix: str = "", options: S3Options | None = None,
                  **overrides) -> None:
+        self._setup(bucket, prefix, options, overrides)
+        # made here, so that a wrong option or profile is an error at once; in a worker
+        # process, where the store comes by pickle, at its first request (_in_worker)
+        self._client_now = self._make_client()
+
+    def _setup(self, bucket: str, prefix: str, options: S3Options | None,
+               overrides: dict) -> None:
         if not bucket or "/" in bucket:
             raise InvalidArgument(f"invalid S3 bucket name {bucket!r}")
         options = options or S3Options()
@@ -258,7 +265,18 @@ class S3Store(Store):
         # whether this server compares If-Match with the ETag unquoted (Ceph RGW 16: the
         # quoted ETag its GET returns is refused); learnt at the first replace
         self._bare_if_match = False
-        self._client = self._make_client()
+        self._client_lock = threading.Lock()
+        self._client_now = None
+
+    @property
+    def _client(self):
+        client = self._client_now
+        if client is None:
+            with self._client_lock:
+                if self._client_now is None:
+                    self._client_now = self._make_client()
+                client = self._client_now
+        return client
 
     @classmethod
     def from_url(cls, url: str, **options) -> S3Store:
@@ -272,7 +290,7 @@ class S3Store(Store):
 
     def __reduce__(self):
         # worker processes (s4fs.coding) get the store by pickle and make their own client
-        return (S3Store, (self.bucket, self.prefix, self.options))
+        return (_in_worker, (self.bucket, self.prefix, self.options))
 
     def __repr__(self) -> str:
         where = f" at {self.options.endpoint_url}" if self.options.endpoint_url else ""
@@ -326,7 +344,8 @@ class S3Store(Store):
             return dict(self._stats)
 
     def close(self) -> None:
-        self._client.close()
+        if self._client_now is not None:
+            self._client_now.close()
 
     # --- the one place that retries and translates errors ------------------------
 
@@ -619,3 +638,14 @@ class S3Store(Store):
             if not page.get("IsTruncated") or not token:
                 return
             page = self._list_page(prefix, token)
+
+
+def _in_worker(bucket: str, prefix: str, options: S3Options) -> S3Store:
+    """An S3Store unpickled in a worker process (s4fs.coding): its client is made at its
+    first request. Making one loads botocore's service model, about 0.3 s of one core on
+    a small machine, and a worker that decodes a fresh node's batches from bytes fetched
+    ahead (s4fs.read.fetch) never sends one: two workers making theirs doubled the CPU a
+    2-core node spent on a restore beside what boto3's own download spends."""
+    store = S3Store.__new__(S3Store)
+    store._setup(bucket, prefix, options, {})
+    return store
