@@ -29,6 +29,7 @@ _DELEGATED = {
 
 def _fs_config(args):
     from s4fs.fs import FsConfig
+    from s4fs.fsconfig import cold_reads_here
     from s4fs.coding import IngestConfig
     size = getattr(args, "cache_size", None)
     workers = getattr(args, "workers", None)
@@ -48,7 +49,7 @@ def _fs_config(args):
                     cache_dir=getattr(args, "cache_dir", None),
                     writeback=bool(getattr(args, "writeback", False)),
                     code_while_written=bool(getattr(args, "code_while_written", False)),
-                    cold_reads=getattr(args, "cold_reads", None) or "whole",
+                    cold_reads=getattr(args, "cold_reads", None) or cold_reads_here(),
                     decoded_cache_bytes=None if size is None else _parse_size(size))
 
 

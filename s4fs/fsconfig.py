@@ -7,6 +7,8 @@ Its own module so that the rooms a filesystem drives (the write room's ``Service
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 
 from s4fs.coding import IngestConfig
@@ -43,9 +45,22 @@ class FsConfig:
     # reads that copy (without passthrough: as "stream"); "push" returns at once and the
     # daemon pushes its decoded parts into the kernel's page cache as they land (reads
     # ahead of them are requests); "stream" reads it through the daemon as it is
-    # decoded. docs/BENCHMARKS.md §4 measured them: "whole" stays the default
+    # decoded. ``s4fs mount`` picks one for the machine (:func:`cold_reads_here`)
     cold_reads: str = "whole"
     # whole committed files kept for reads (s4fs.read.decoded); None: a quarter of the
     # cache disk's free space, at most 64 GiB; 0: off
     decoded_cache_bytes: int | None = None
     close_sync_seconds: float = 30.0   # writeback: how long unmount waits for commits
+
+
+PUSH_MIN_CORES = 4
+
+
+def cold_reads_here() -> str:
+    """How ``s4fs mount`` reads a cold file unless told (``FsConfig.cold_reads``):
+    pushed where the machine has at least :data:`PUSH_MIN_CORES` cores — the decode
+    ahead leaves cores to the pushes and to ``torch.load`` beside it (H100 box, 16
+    cores, 1.77 GiB: a fresh node's load 1.44 s pushed against 2.20 s waiting for the
+    whole copy) — else the whole copy first (2 cores: the decode takes both, and
+    pushing adds a copy of every page: 0.50 s against 0.47 s). docs/BENCHMARKS.md §4."""
+    return "push" if (os.cpu_count() or 1) >= PUSH_MIN_CORES else "whole"

@@ -159,11 +159,18 @@ OPTIONS: tuple[Option, ...] = (
            help="a file that has no local copy yet (a fresh node) is opened at once and "
                 "read through the page cache while it is decoded, the daemon pushing "
                 "each decoded part into that cache as it lands (reads ahead of it wait "
-                "for their part in the daemon); default: under FUSE passthrough its open "
-                "waits until it is decoded onto local disk and the kernel reads that "
-                "copy, else it is read through the daemon as it is decoded",
+                "for their part in the daemon); the default on a machine of 4 cores or "
+                "more",
            doc="read a cold file while it is decoded, its decoded parts pushed into the "
-               "kernel's page cache as they land"),
+               "kernel's page cache as they land (the default from 4 cores)"),
+    Option("cold_reads", ("--whole-cold-reads",), "whole_cold_reads", section="cache",
+           const="whole",
+           help="a file that has no local copy yet (a fresh node): under FUSE passthrough "
+                "its open waits until it is decoded onto local disk, then the kernel "
+                "reads that copy (else it is read through the daemon as it is decoded); "
+                "the default below 4 cores, where the decode takes every core",
+           doc="under passthrough, a cold file's open waits for its whole decoded copy "
+               "(the default below 4 cores)"),
     Option("cold_reads", ("--stream-cold-reads",), "stream_cold_reads", section="cache",
            const="stream",
            help="under FUSE passthrough, read a file that has no local copy yet through "

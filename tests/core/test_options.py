@@ -34,6 +34,7 @@ O_MEANT = {
     "workers=3": ["--workers", "3"], "max_chain_read=1.5": ["--max-chain-read", "1.5"],
     "uid=1000": ["--uid", "1000"], "gid=1001": ["--gid", "1001"],
     "stream_cold_reads": ["--stream-cold-reads"], "push_cold_reads": ["--push-cold-reads"],
+    "whole_cold_reads": ["--whole-cold-reads"],
 }
 
 
