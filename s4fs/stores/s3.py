@@ -231,6 +231,36 @@ def _classify(exc: BaseException) -> _Failure | None:
     return None
 
 
+def _new_client(opts: S3Options, url: str):
+    """A botocore S3 client for ``opts`` (``url`` names the store in errors)."""
+    try:
+        from botocore import exceptions as bx
+        from botocore.config import Config
+    except ImportError as exc:
+        raise StoreError("S3 stores need boto3, which is not installed here: "
+                         "pip install 's4fs[s3]' (or pip install boto3)") from exc
+    s3_config = {"addressing_style": opts.addressing_style} if opts.addressing_style else {}
+    config = Config(
+        region_name=opts.region,
+        max_pool_connections=opts.max_pool_connections,
+        connect_timeout=opts.connect_timeout,
+        read_timeout=opts.read_timeout,
+        # one try per botocore call: S3Store._call is the only place that retries
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        s3=s3_config or None,
+        user_agent_extra="s4fs",
+    )
+    try:
+        session = _botocore_session(opts.profile)
+        client = session.create_client("s3", region_name=opts.region,
+                                       endpoint_url=opts.endpoint_url, config=config)
+    except bx.ProfileNotFound as exc:
+        raise InvalidArgument(f"AWS profile {opts.profile!r} not found: {exc}") from None
+    except (bx.BotoCoreError, ValueError) as exc:
+        raise InvalidArgument(f"cannot configure an S3 client for {url}: {exc}") from None
+    return client
+
+
 class S3Store(Store):
     """A store in ``s3://bucket/prefix``. Safe to share between threads (one client)."""
 
@@ -299,32 +329,7 @@ class S3Store(Store):
     # --- client ------------------------------------------------------------------
 
     def _make_client(self):
-        try:
-            from botocore import exceptions as bx
-            from botocore.config import Config
-        except ImportError as exc:
-            raise StoreError("S3 stores need boto3, which is not installed here: "
-                             "pip install 's4fs[s3]' (or pip install boto3)") from exc
-        opts = self.options
-        s3_config = {"addressing_style": opts.addressing_style} if opts.addressing_style else {}
-        config = Config(
-            region_name=opts.region,
-            max_pool_connections=opts.max_pool_connections,
-            connect_timeout=opts.connect_timeout,
-            read_timeout=opts.read_timeout,
-            # one try per botocore call: S3Store._call is the only place that retries
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            s3=s3_config or None,
-            user_agent_extra="s4fs",
-        )
-        try:
-            session = _botocore_session(opts.profile)
-            client = session.create_client("s3", region_name=opts.region,
-                                           endpoint_url=opts.endpoint_url, config=config)
-        except bx.ProfileNotFound as exc:
-            raise InvalidArgument(f"AWS profile {opts.profile!r} not found: {exc}") from None
-        except (bx.BotoCoreError, ValueError) as exc:
-            raise InvalidArgument(f"cannot configure an S3 client for {self.url}: {exc}") from None
+        client = _new_client(self.options, self.url)
         client.meta.events.register("before-send.s3", self._count_request)
         return client
 

@@ -137,12 +137,14 @@ class Pusher:
                     if n <= 0:
                         return
                     piece = buf[:n]
-                with lock:
-                    if self._stopped:
-                        return
-                    self.port.store_pages(self.inode, pos, piece)
-                self._pushed[k] += len(piece)
-                piece.release()
+                try:
+                    with lock:
+                        if self._stopped:
+                            return
+                        self.port.store_pages(self.inode, pos, piece)
+                    self._pushed[k] += len(piece)
+                finally:
+                    piece.release()         # the mapping closes once no piece holds it
         except OSError as exc:
             self._stopped = True
             if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
@@ -156,9 +158,9 @@ class Pusher:
                 self._left -= 1
                 last = self._left == 0
             if last:
+                os.close(self.fd)
                 if self._map is not None:
                     self._map.close()
-                os.close(self.fd)
                 log.info("%s: %.1f MiB of its decoded copy pushed into the page cache",
                          self.name, self.pushed / 2**20)
 

@@ -28,6 +28,10 @@ from s4fs.stores.faulty import FailingStore
 from s4fs.stores.local import LocalStore
 from s4fs.vfs import ROOT_INODE, KernelPort, Vfs
 
+# a thread of the core that dies (a pusher, a committer) is a failure of the test that
+# started it, not a warning after the run
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 MiB = 1 << 20
 PAGE = 4096
 PIECE = 100003                  # unaligned, as torch.save's writes are
